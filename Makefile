@@ -1,0 +1,81 @@
+# kvroute build. `make` builds the three programs into build/; `make asan` into build-asan/ with
+# ASan+UBSan; `make test` runs the cmocka unit tests and the pytest end-to-end suite.
+CC      ?= gcc
+BUILD   ?= build
+PKGS    := libuv libcurl jansson yaml-0.1 libzmq msgpack libxxhash
+CFLAGS  ?= -O2 -g
+CFLAGS  += -std=c17 -D_GNU_SOURCE -Wall -Wextra -Werror -Isrc $(shell pkg-config --cflags $(PKGS))
+LDLIBS  := $(shell pkg-config --libs $(PKGS)) -lhttp_parser -lm -lpthread
+
+LIB_SRCS   := $(filter-out src/main.c,$(shell find src -name '*.c' | sort))
+SIM_SRCS   := $(shell find sim -name '*.c' 2>/dev/null | sort)
+BENCH_SRCS := $(shell find bench -name '*.c' 2>/dev/null | sort)
+UNIT_SRCS  := $(shell find tests/unit -name 'test_*.c' 2>/dev/null | sort)
+
+LIB_OBJS   := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o)
+SIM_OBJS   := $(SIM_SRCS:%.c=$(BUILD)/obj/%.o)
+BENCH_OBJS := $(BENCH_SRCS:%.c=$(BUILD)/obj/%.o)
+UNIT_BINS  := $(UNIT_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
+PROGS      := $(BUILD)/kvroute $(if $(SIM_SRCS),$(BUILD)/kvroute-sim) $(if $(BENCH_SRCS),$(BUILD)/kvroute-bench)
+
+.PHONY: all asan unit e2e test check clean demo deps
+all: $(PROGS) $(UNIT_BINS)
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/libkvr.a: $(LIB_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/kvroute: $(BUILD)/obj/src/main.o $(BUILD)/libkvr.a
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+$(BUILD)/kvroute-sim: $(SIM_OBJS) $(BUILD)/libkvr.a
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+$(BUILD)/kvroute-bench: $(BENCH_OBJS) $(BUILD)/libkvr.a
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+# Unit tests: one binary per tests/unit/test_<module>.c, linked with the library (and, for
+# tests/unit/test_sim_*.c, the simulator's objects except its main).
+$(BUILD)/tests/test_sim_%: tests/unit/test_sim_%.c $(filter-out $(BUILD)/obj/sim/main.o,$(SIM_OBJS)) $(BUILD)/libkvr.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Isim -o $@ $^ $(LDLIBS) -lcmocka
+$(BUILD)/tests/test_bench_%: tests/unit/test_bench_%.c $(filter-out $(BUILD)/obj/bench/main.o,$(BENCH_OBJS)) $(BUILD)/libkvr.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Ibench -o $@ $^ $(LDLIBS) -lcmocka
+$(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libkvr.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) -lcmocka
+
+unit: $(UNIT_BINS)
+	@set -e; for t in $(UNIT_BINS); do echo "== $$t"; $$t; done
+
+e2e: $(PROGS)
+	KVROUTE_BUILD=$(abspath $(BUILD)) timeout 1200 python3 -m pytest -q -x tests/e2e
+
+test: all
+	$(MAKE) unit
+	$(MAKE) e2e
+
+# What CI runs: the normal build's unit + e2e suites, then both again under ASan+UBSan.
+check:
+	$(MAKE) test
+	$(MAKE) asan
+	$(MAKE) BUILD=build-asan CFLAGS="$(ASAN_CFLAGS)" unit e2e
+
+ASAN_CFLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+
+asan:
+	$(MAKE) BUILD=build-asan CFLAGS="$(ASAN_CFLAGS)" all
+
+deps:
+	bash scripts/install-deps.sh
+
+demo: deps all
+	bash scripts/demo.sh
+
+clean:
+	rm -rf build build-asan
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

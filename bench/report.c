@@ -1,0 +1,201 @@
+/* Summary, table and JSON of a replay. */
+#include "report.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+int kvr_bench_summarize(const kvr_bench_run *run, kvr_bench_summary *s)
+{
+    memset(s, 0, sizeof(*s));
+    s->planned = run->planned;
+    s->requests = run->nrecords;
+    s->error_kinds = &run->errors;
+    s->decisions = &run->decisions;
+    s->elapsed_s = run->elapsed_s;
+    s->interrupted = run->interrupted;
+    kvr_bench_samples ttft = {0}, e2e = {0};
+    int rc = 0;
+    for (size_t i = 0; i < run->nrecords; i++) {
+        const kvr_bench_record *r = &run->records[i];
+        if (r->session_header)
+            s->session_header++;
+        if (r->prompt_tokens >= 0) {
+            s->with_usage++;
+            s->prompt_tokens += r->prompt_tokens;
+            s->cached_tokens += r->cached_tokens > 0 ? r->cached_tokens : 0;
+            s->completion_tokens += r->completion_tokens > 0 ? r->completion_tokens : 0;
+        }
+        if (r->error >= 0) {
+            s->errors++;
+            continue;
+        }
+        s->ok++;
+        if (kvr_bench_samples_add(&ttft, r->ttft_s) < 0 || kvr_bench_samples_add(&e2e, r->e2e_s) < 0)
+            rc = -1;
+    }
+    s->hit_rate = kvr_bench_ratio((double)s->cached_tokens, (double)s->prompt_tokens);
+    s->ttft_p50 = kvr_bench_samples_pct(&ttft, 50);
+    s->ttft_p90 = kvr_bench_samples_pct(&ttft, 90);
+    s->ttft_p99 = kvr_bench_samples_pct(&ttft, 99);
+    s->e2e_p50 = kvr_bench_samples_pct(&e2e, 50);
+    s->e2e_p99 = kvr_bench_samples_pct(&e2e, 99);
+    kvr_bench_samples_free(&ttft);
+    kvr_bench_samples_free(&e2e);
+    s->output_tok_s = s->elapsed_s > 0 ? (double)s->completion_tokens / s->elapsed_s : NAN;
+    s->requests_s = s->elapsed_s > 0 ? (double)s->requests / s->elapsed_s : NAN;
+    s->nworkers = run->workers.n;
+    s->workers = calloc(s->nworkers ? s->nworkers : 1, sizeof(*s->workers));
+    if (!s->workers)
+        return -1;
+    uint64_t total = kvr_bench_tally_total(&run->workers), max = 0;
+    for (size_t i = 0; i < s->nworkers; i++) {
+        kvr_bench_worker_row *w = &s->workers[i];
+        w->name = run->workers.names[i];
+        w->requests = run->workers.counts[i];
+        w->share = kvr_bench_ratio((double)w->requests, (double)total);
+        if (i < run->inflight_cap) {
+            w->max_inflight = run->inflight[i].max;
+            w->mean_inflight = kvr_bench_gauge_mean(&run->inflight[i], run->start_ns, run->end_ns);
+        }
+        if (w->requests > max)
+            max = w->requests;
+    }
+    s->load_max_over_mean =
+        s->nworkers ? kvr_bench_ratio((double)max, (double)total / (double)s->nworkers) : NAN;
+    return rc;
+}
+
+void kvr_bench_summary_free(kvr_bench_summary *s)
+{
+    free(s->workers);
+    s->workers = NULL;
+    s->nworkers = 0;
+}
+
+static void fmt_s(char *out, size_t n, double v)
+{
+    if (isnan(v))
+        snprintf(out, n, "-");
+    else if (v < 1)
+        snprintf(out, n, "%.1f ms", v * 1e3);
+    else
+        snprintf(out, n, "%.2f s", v);
+}
+
+static void print_tally(FILE *f, const char *label, const kvr_bench_tally *t)
+{
+    fprintf(f, "  %-22s", label);
+    if (!t->n)
+        fprintf(f, "-");
+    for (size_t i = 0; i < t->n; i++)
+        fprintf(f, "%s%s %llu", i ? ", " : "", t->names[i], (unsigned long long)t->counts[i]);
+    fputc('\n', f);
+}
+
+void kvr_bench_print_table(FILE *f, const char *title, const kvr_bench_summary *s)
+{
+    char a[32], b[32], c[32];
+    fprintf(f, "%s%s\n", title, s->interrupted ? "  (INTERRUPTED)" : "");
+    fprintf(f, "  %-22s%zu of %zu (%zu ok, %zu errors), %zu with x-session-id\n", "requests",
+            s->requests, s->planned, s->ok, s->errors, s->session_header);
+    print_tally(f, "errors by kind", s->error_kinds);
+    fprintf(f, "  %-22s%lld\n", "prompt tokens", (long long)s->prompt_tokens);
+    fprintf(f, "  %-22s%lld\n", "cached tokens", (long long)s->cached_tokens);
+    fprintf(f, "  %-22s%lld\n", "uncached (prefilled)", (long long)(s->prompt_tokens - s->cached_tokens));
+    if (isnan(s->hit_rate))
+        fprintf(f, "  %-22s-\n", "hit rate");
+    else
+        fprintf(f, "  %-22s%.1f %%\n", "hit rate", s->hit_rate * 100);
+    fmt_s(a, sizeof(a), s->ttft_p50);
+    fmt_s(b, sizeof(b), s->ttft_p90);
+    fmt_s(c, sizeof(c), s->ttft_p99);
+    fprintf(f, "  %-22s%s / %s / %s\n", "TTFT p50/p90/p99", a, b, c);
+    fmt_s(a, sizeof(a), s->e2e_p50);
+    fmt_s(b, sizeof(b), s->e2e_p99);
+    fprintf(f, "  %-22s%s / %s\n", "E2E p50/p99", a, b);
+    fprintf(f, "  %-22s%.1f (%.1f req/s over %.1f s)\n", "output tokens/s", s->output_tok_s,
+            s->requests_s, s->elapsed_s);
+    fprintf(f, "  %-40s %9s %7s %13s %14s\n", "worker", "requests", "share", "max in-flight",
+            "mean in-flight");
+    for (size_t i = 0; i < s->nworkers; i++) {
+        const kvr_bench_worker_row *w = &s->workers[i];
+        fprintf(f, "  %-40.40s %9llu %6.1f%% %13lld %14.2f\n", w->name,
+                (unsigned long long)w->requests, w->share * 100, (long long)w->max_inflight,
+                w->mean_inflight);
+    }
+    if (s->nworkers > 1)
+        fprintf(f, "  %-22s%.2f\n", "load max/mean", s->load_max_over_mean);
+    print_tally(f, "decisions", s->decisions);
+}
+
+static json_t *num(double v)
+{
+    return isnan(v) || isinf(v) ? json_null() : json_real(v);
+}
+
+static json_t *tally_json(const kvr_bench_tally *t)
+{
+    json_t *o = json_object();
+    for (size_t i = 0; o && i < t->n; i++)
+        json_object_set_new(o, t->names[i], json_integer((json_int_t)t->counts[i]));
+    return o;
+}
+
+json_t *kvr_bench_summary_json(const kvr_bench_summary *s, json_t *meta)
+{
+    json_t *workers = json_object();
+    for (size_t i = 0; workers && i < s->nworkers; i++) {
+        const kvr_bench_worker_row *w = &s->workers[i];
+        json_object_set_new(workers, w->name,
+                            json_pack("{s:I,s:o,s:I,s:o}", "requests", (json_int_t)w->requests,
+                                      "share", num(w->share), "max_inflight",
+                                      (json_int_t)w->max_inflight, "mean_inflight",
+                                      num(w->mean_inflight)));
+    }
+    json_t *o = json_pack(
+        "{s:I,s:I,s:I,s:I,s:o,s:I,s:I,s:I,s:I,s:I,s:o,s:{s:o,s:o,s:o},s:{s:o,s:o},s:o,s:o,s:o,"
+        "s:o,s:o,s:o,s:b}",
+        "planned", (json_int_t)s->planned, "requests", (json_int_t)s->requests, "ok",
+        (json_int_t)s->ok, "errors", (json_int_t)s->errors, "errors_by_kind",
+        tally_json(s->error_kinds), "with_usage", (json_int_t)s->with_usage,
+        "session_header_requests", (json_int_t)s->session_header, "prompt_tokens",
+        (json_int_t)s->prompt_tokens, "cached_tokens", (json_int_t)s->cached_tokens,
+        "completion_tokens", (json_int_t)s->completion_tokens, "hit_rate", num(s->hit_rate),
+        "ttft_s", "p50", num(s->ttft_p50), "p90", num(s->ttft_p90), "p99", num(s->ttft_p99),
+        "e2e_s", "p50", num(s->e2e_p50), "p99", num(s->e2e_p99), "output_tokens_per_s",
+        num(s->output_tok_s), "requests_per_s", num(s->requests_s), "elapsed_s",
+        num(s->elapsed_s), "workers", workers ? workers : json_object(), "load_max_over_mean",
+        num(s->load_max_over_mean), "decisions", tally_json(s->decisions), "interrupted",
+        s->interrupted);
+    if (o && meta)
+        json_object_set_new(o, "config", meta);
+    else if (meta)
+        json_decref(meta);
+    return o;
+}
+
+int kvr_bench_write_records(const char *path, const kvr_bench_trace *t, const kvr_bench_run *run)
+{
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return -1;
+    for (size_t i = 0; i < run->nrecords; i++) {
+        const kvr_bench_record *r = &run->records[i];
+        json_t *o = json_pack(
+            "{s:s,s:i,s:i,s:s?,s:s?,s:s?,s:b,s:o,s:o,s:o,s:I,s:I,s:I}", "session",
+            t->sessions[r->session].name, "turn", (int)r->turn, "status", r->status, "error",
+            r->error >= 0 ? run->errors.names[r->error] : NULL, "worker",
+            r->worker >= 0 ? run->workers.names[r->worker] : NULL, "decision",
+            r->decision >= 0 ? run->decisions.names[r->decision] : NULL, "session_header",
+            r->session_header, "start_s", num(r->start_s), "ttft_s", num(r->ttft_s), "e2e_s",
+            num(r->e2e_s), "prompt_tokens", (json_int_t)r->prompt_tokens, "cached_tokens",
+            (json_int_t)r->cached_tokens, "completion_tokens", (json_int_t)r->completion_tokens);
+        if (o) {
+            json_dumpf(o, f, JSON_COMPACT);
+            fputc('\n', f);
+            json_decref(o);
+        }
+    }
+    return fclose(f) == 0 ? 0 : -1;
+}

@@ -1,0 +1,59 @@
+/* Turning a replay's records into the numbers kvroute-bench prints and writes with --json. */
+#ifndef KVR_BENCH_REPORT_H
+#define KVR_BENCH_REPORT_H
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "replay.h"
+
+/** One worker's row (named by x-kvroute-worker, or the replayed URL without a router). */
+typedef struct kvr_bench_worker_row {
+    const char *name;     /**< borrowed from the run's tally */
+    uint64_t requests;    /**< responses it sent */
+    double share;         /**< requests / all requests with a response */
+    int64_t max_inflight; /**< most requests in flight on it at once (headers → end) */
+    double mean_inflight; /**< time-weighted mean over the whole replay */
+} kvr_bench_worker_row;
+
+/** The summary of a run. Borrows names from the run: free the summary before the run. */
+typedef struct kvr_bench_summary {
+    size_t planned;            /**< requests the trace offered */
+    size_t requests;           /**< requests finished (ok + errors) */
+    size_t ok;                 /**< 2xx responses that streamed to the end with usage */
+    size_t errors;             /**< requests with an error of any kind */
+    const kvr_bench_tally *error_kinds; /**< kind → count (borrowed) */
+    const kvr_bench_tally *decisions;   /**< decision label → count (borrowed) */
+    size_t with_usage;         /**< requests whose response reported usage */
+    size_t session_header;     /**< requests sent with x-session-id */
+    int64_t prompt_tokens;     /**< Σ usage.prompt_tokens */
+    int64_t cached_tokens;     /**< Σ usage.prompt_tokens_details.cached_tokens */
+    int64_t completion_tokens; /**< Σ usage.completion_tokens */
+    double hit_rate;           /**< Σcached / Σprompt; NAN without usage */
+    double ttft_p50, ttft_p90, ttft_p99; /**< seconds, successful requests; NAN when none */
+    double e2e_p50, e2e_p99;   /**< seconds, successful requests; NAN when none */
+    double output_tok_s;       /**< Σ completion tokens / elapsed seconds */
+    double requests_s;         /**< finished requests / elapsed seconds */
+    double elapsed_s;          /**< wall time of the replay, seconds */
+    kvr_bench_worker_row *workers; /**< owned array, in first-seen order */
+    size_t nworkers;           /**< rows */
+    double load_max_over_mean; /**< busiest worker's requests / mean over the workers seen
+                                    (compare.sh recomputes it over the whole fleet) */
+    bool interrupted;          /**< the run was stopped early */
+} kvr_bench_summary;
+
+/** Computes the summary of `run`. Returns 0, or -1 when memory ran out. */
+int kvr_bench_summarize(const kvr_bench_run *run, kvr_bench_summary *s);
+/** Frees the summary's own arrays. */
+void kvr_bench_summary_free(kvr_bench_summary *s);
+/** Prints the human table. `title` heads it (e.g. "tau @ http://…"). */
+void kvr_bench_print_table(FILE *f, const char *title, const kvr_bench_summary *s);
+/** Builds the --json object: the table's numbers, with NAN as null; times in seconds. `meta`
+ *  (may be NULL) is stored under "config" (reference stolen). Returns NULL when out of memory;
+ *  the caller owns the result. */
+json_t *kvr_bench_summary_json(const kvr_bench_summary *s, json_t *meta);
+/** Writes one JSON line per record to `path` (--records), for offline analysis. Returns 0 or
+ *  -1 (errno set by stdio). */
+int kvr_bench_write_records(const char *path, const kvr_bench_trace *t, const kvr_bench_run *run);
+
+#endif

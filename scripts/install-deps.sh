@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs every Debian 12 package that building, testing, benchmarking and the demo need,
+# plus the pinned `openai` npm client used by the e2e tests. Idempotent; run as root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+PKGS=(
+  build-essential pkg-config
+  libuv1-dev libhttp-parser-dev libcurl4-openssl-dev libjansson-dev libyaml-dev
+  libzmq3-dev libmsgpack-dev libxxhash-dev libcmocka-dev
+  python3 python3-pytest python3-httpx python3-zmq python3-msgpack
+  nodejs wrk nginx-light gnuplot-nox curl procps
+)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+# The real OpenAI client, pinned by tests/e2e/js/package-lock.json.
+if [ -f tests/e2e/js/package-lock.json ] && [ ! -d tests/e2e/js/node_modules/openai ]; then
+  (cd tests/e2e/js && npm ci --no-audit --no-fund --loglevel=error)
+fi

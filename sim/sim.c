@@ -1,0 +1,180 @@
+/* kvroute-sim wiring and lifetime: start everything on one loop, stop on SIGINT/SIGTERM. */
+#include "sim.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <uv.h>
+
+#include "api.h"
+#include "http/server.h"
+#include "kvcache.h"
+#include "obs/metrics.h"
+#include "scheduler.h"
+#include "util/log.h"
+#include "util/rand.h"
+#include "vmetrics.h"
+
+void kvr_sim_config_default(kvr_sim_config *c)
+{
+    *c = (kvr_sim_config){
+        .host = "127.0.0.1",
+        .port = 9001,
+        .model = "meta-llama/Llama-3.1-8B-Instruct",
+        .kv_blocks = 28000,
+        .block_size = 16,
+        .max_num_seqs = 256,
+        .max_num_batched_tokens = 8192,
+        .max_model_len = 131072,
+        .default_max_tokens = 16,
+        .prefill_us_per_token = 25,
+        .decode_us_per_token = 80,
+        .step_overhead_us = 6000,
+        .time_scale = 1,
+        .kv_events_topic = "",
+        .kv_events_bind = KVR_SIM_EV_AUTO,
+        .kv_events_hwm = 100000,
+        .kv_events_buffer_steps = 10000,
+        .kv_events_buffer_bytes = 64u << 20,
+        .kv_events_max_batch_bytes = 16u << 20,
+        .seed = 0,
+        .max_waiting = 10000,
+        .max_body_bytes = 32u << 20,
+    };
+    kvr_sim_faults_default(&c->faults);
+}
+
+typedef struct sim {
+    uv_loop_t loop;
+    uv_signal_t sigint, sigterm;
+    kvr_http_server *server;
+    kvr_sim_kv *kv;
+    kvr_sim_events *events;
+    kvr_sim_sched *sched;
+    kvr_metrics *reg;
+    kvr_sim_vmetrics *vm;
+    kvr_sim_api *api;
+    kvr_sim_faults faults;
+    int stopping;
+} sim;
+
+static void flush_events(void *ud)
+{
+    kvr_sim_events_flush(ud);
+}
+
+static void on_server_closed(void *ud)
+{
+    sim *s = ud;
+    kvr_sim_sched_close(s->sched);
+    kvr_sim_events_close(s->events);
+    uv_close((uv_handle_t *)&s->sigint, NULL);
+    uv_close((uv_handle_t *)&s->sigterm, NULL);
+}
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+    sim *s = h->data;
+    if (s->stopping)
+        return;
+    s->stopping = 1;
+    KVR_INFO("msg=\"kvroute-sim stopping\" signal=%d", signum);
+    kvr_http_server_close(s->server, on_server_closed, s);
+}
+
+int kvr_sim_run(const kvr_sim_config *c)
+{
+    signal(SIGPIPE, SIG_IGN); /* libuv does not suppress it on writes to a closed peer */
+    kvr_rand_seed(c->seed);
+    sim s = {0};
+    s.faults = c->faults;
+    uv_loop_init(&s.loop);
+    s.kv = kvr_sim_kv_new(c->kv_blocks, c->block_size, c->seed);
+    if (!s.kv) {
+        KVR_ERROR("msg=\"cannot create the KV pool\" kv_blocks=%u block_size=%u", c->kv_blocks,
+                  c->block_size);
+        return 1;
+    }
+    if (c->kv_events_endpoint && *c->kv_events_endpoint) {
+        kvr_sim_events_cfg ec = {
+            .endpoint = c->kv_events_endpoint,
+            .replay_endpoint = c->kv_events_replay_endpoint,
+            .topic = c->kv_events_topic,
+            .map_format = c->kv_events_map,
+            .bind = c->kv_events_bind,
+            .hwm = c->kv_events_hwm,
+            .buffer_steps = c->kv_events_buffer_steps,
+            .buffer_bytes = c->kv_events_buffer_bytes,
+            .max_batch_bytes = c->kv_events_max_batch_bytes,
+        };
+        char err[300];
+        s.events = kvr_sim_events_new(&s.loop, &ec, err, sizeof(err));
+        if (!s.events) {
+            KVR_ERROR("msg=\"%s\"", err);
+            kvr_sim_kv_free_pool(s.kv);
+            return 1;
+        }
+        kvr_sim_kv_sink sink;
+        kvr_sim_events_sink(s.events, &sink);
+        kvr_sim_kv_set_sink(s.kv, &sink);
+    }
+    kvr_sim_sched_cfg sc = {
+        .max_num_seqs = c->max_num_seqs,
+        .max_num_batched_tokens = c->max_num_batched_tokens,
+        .prefill_us_per_token = c->prefill_us_per_token,
+        .decode_us_per_token = c->decode_us_per_token,
+        .step_overhead_us = c->step_overhead_us,
+        .time_scale = c->time_scale,
+        .seed = c->seed,
+        .on_step_done = s.events ? flush_events : NULL,
+        .ud = s.events,
+    };
+    s.sched = kvr_sim_sched_new(&s.loop, s.kv, &sc);
+    s.reg = kvr_metrics_new();
+    kvr_metrics_add_process(s.reg);
+    s.vm = s.sched ? kvr_sim_vmetrics_new(s.reg, c->model, s.sched, s.kv) : NULL;
+    kvr_sim_api_cfg ac = {.model = c->model,
+                          .max_model_len = c->max_model_len,
+                          .default_max_tokens = c->default_max_tokens,
+                          .max_waiting = c->max_waiting,
+                          .seed = c->seed};
+    s.api = s.vm ? kvr_sim_api_new(&s.loop, &ac, s.sched, s.kv, s.events, &s.faults, s.reg, s.vm)
+                 : NULL;
+    if (!s.api) {
+        KVR_ERROR("msg=\"out of memory at start\"");
+        return 1;
+    }
+    kvr_http_limits lim;
+    kvr_http_limits_default(&lim);
+    lim.max_body_bytes = c->max_body_bytes;
+    s.server = kvr_http_server_new(&s.loop, &lim, kvr_sim_api_handle, s.api);
+    int rc = kvr_http_server_listen(s.server, c->host, c->port);
+    int status = 0;
+    if (rc < 0) {
+        KVR_ERROR("msg=\"cannot listen\" host=%s port=%d error=\"%s\"", c->host, c->port,
+                  uv_strerror(rc));
+        status = 1;
+        s.stopping = 1;
+        uv_signal_init(&s.loop, &s.sigint);
+        uv_signal_init(&s.loop, &s.sigterm);
+        kvr_http_server_close(s.server, on_server_closed, &s);
+    } else {
+        uv_signal_init(&s.loop, &s.sigint);
+        uv_signal_init(&s.loop, &s.sigterm);
+        s.sigint.data = s.sigterm.data = &s;
+        uv_signal_start(&s.sigint, on_signal, SIGINT);
+        uv_signal_start(&s.sigterm, on_signal, SIGTERM);
+        KVR_INFO("msg=\"kvroute-sim listening\" addr=%s:%d model=\"%s\" kv_blocks=%u "
+                 "block_size=%u time_scale=%g kv_events=\"%s\"",
+                 c->host, kvr_http_server_port(s.server), c->model, c->kv_blocks, c->block_size,
+                 c->time_scale, c->kv_events_endpoint ? c->kv_events_endpoint : "");
+    }
+    uv_run(&s.loop, UV_RUN_DEFAULT);
+    if (uv_loop_close(&s.loop) != 0)
+        KVR_WARN("msg=\"loop closed with handles open\"");
+    kvr_sim_api_free(s.api);
+    kvr_sim_vmetrics_free(s.vm);
+    kvr_metrics_free(s.reg);
+    kvr_sim_kv_free_pool(s.kv);
+    return status;
+}

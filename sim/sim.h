@@ -1,0 +1,49 @@
+/* kvroute-sim process: its configuration (filled from flags by sim/main.c) and the run loop
+ * that wires the HTTP server, the API, the engine, the KV pool, KV events and metrics on one
+ * libuv loop. */
+#ifndef KVR_SIM_SIM_H
+#define KVR_SIM_SIM_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "faults.h"
+#include "kvevents.h"
+
+/** Every setting of the simulator; see docs/sim.md for the flags and defaults. The defaults
+ *  resemble Llama-3.1-8B on one H100 80 GB under vLLM. */
+typedef struct kvr_sim_config {
+    const char *host;                /**< HTTP bind address (127.0.0.1) */
+    int port;                        /**< HTTP port (9001; 0 = ephemeral, logged) */
+    const char *model;               /**< served model name */
+    uint32_t kv_blocks;              /**< KV blocks (28000 ≈ 448K tokens of 128 KiB each) */
+    uint32_t block_size;             /**< tokens per block (16, vLLM's CUDA default) */
+    uint32_t max_num_seqs;           /**< running sequences (256) */
+    uint32_t max_num_batched_tokens; /**< tokens per step (8192) */
+    uint32_t max_model_len;          /**< prompt + output tokens (131072) */
+    uint32_t default_max_tokens;     /**< output tokens when unset (16) */
+    double prefill_us_per_token;     /**< µs (25) */
+    double decode_us_per_token;      /**< µs per decoding sequence per step (80) */
+    double step_overhead_us;         /**< µs per step (6000) */
+    double time_scale;               /**< wall = model × scale (1; 0 = no sleeping) */
+    const char *kv_events_endpoint;  /**< NULL = no KV events */
+    const char *kv_events_replay_endpoint;
+    const char *kv_events_topic;     /**< "" */
+    int kv_events_map;               /**< map encoding (0 = array) */
+    kvr_sim_ev_bind kv_events_bind;  /**< auto (vLLM's rule) */
+    int kv_events_hwm;               /**< 100000 (vLLM) */
+    size_t kv_events_buffer_steps;   /**< 10000 (vLLM) */
+    size_t kv_events_buffer_bytes;   /**< 64 MiB */
+    size_t kv_events_max_batch_bytes;/**< 16 MiB */
+    uint64_t seed;                   /**< faults, output text, ids and the root block hash */
+    size_t max_waiting;              /**< queued requests before 503 (10000) */
+    size_t max_body_bytes;           /**< request body cap (32 MiB) */
+    kvr_sim_faults faults;           /**< initial fault settings */
+} kvr_sim_config;
+
+/** Fills `c` with the defaults. */
+void kvr_sim_config_default(kvr_sim_config *c);
+/** Runs the simulator until SIGINT/SIGTERM. Returns the process exit status (0, or 1 when a
+ *  socket cannot be bound or memory runs out at start). */
+int kvr_sim_run(const kvr_sim_config *c);
+
+#endif

@@ -1,0 +1,65 @@
+/* Operational endpoints. */
+#include "api/ops.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/errors.h"
+#include "util/time.h"
+
+static void reply_json(kvr_app *app, kvr_http_req *r, int status, json_t *j)
+{
+    char *s = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    if (!s) {
+        kvr_api_error(app, r, NULL, 500, "out of memory", NULL, NULL, NULL, 0);
+        return;
+    }
+    kvr_api_count(app, r, NULL, status);
+    kvr_http_resp_simple(r, status, "application/json", NULL, 0, s, strlen(s));
+    free(s);
+}
+
+void kvr_api_models(kvr_app *app, kvr_http_req *r)
+{
+    json_t *data = json_array();
+    for (size_t i = 0; i < app->nmodels; i++)
+        json_array_append_new(data, json_pack("{s:s,s:s,s:I,s:s}", "id", app->models[i],
+                                              "object", "model", "created",
+                                              (json_int_t)kvr_unix_time(), "owned_by",
+                                              "kvroute"));
+    reply_json(app, r, 200, json_pack("{s:s,s:o}", "object", "list", "data", data));
+}
+
+void kvr_api_healthz(kvr_app *app, kvr_http_req *r)
+{
+    reply_json(app, r, app->draining ? 503 : 200,
+               json_pack("{s:s}", "status", app->draining ? "draining" : "ok"));
+}
+
+void kvr_api_readyz(kvr_app *app, kvr_http_req *r)
+{
+    size_t n = kvr_registry_eligible(app->reg, app->scratch);
+    int ready = n > 0 && app->nmodels > 0 && !app->draining;
+    reply_json(app, r, ready ? 200 : 503,
+               json_pack("{s:s,s:I,s:I}", "status", ready ? "ready" : "not_ready",
+                         "eligible_workers", (json_int_t)n, "workers",
+                         (json_int_t)kvr_registry_count(app->reg)));
+}
+
+void kvr_api_metrics(kvr_app *app, kvr_http_req *r)
+{
+    kvr_buf b;
+    kvr_buf_init(&b, 0);
+    kvr_api_count(app, r, NULL, 200);
+    if (kvr_metrics_render(app->metrics, &b) < 0) {
+        kvr_buf_free(&b);
+        kvr_api_error(app, r, NULL, 500, "metrics rendering failed", NULL, NULL, NULL, 0);
+        return;
+    }
+    kvr_http_resp_simple(r, 200, "text/plain; version=0.0.4; charset=utf-8", NULL, 0, b.data,
+                         b.len);
+    kvr_buf_free(&b);
+}

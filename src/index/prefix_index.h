@@ -1,0 +1,110 @@
+/* Prefix block index (DESIGN §6, §10): which workers most likely hold a routing text's prefix
+ * in their KV cache, learned from kvroute's own decisions. One instance per model.
+ *
+ * The text is cut into blocks of `block_bytes` bytes (64 ≈ one 16-token vLLM block). Block i's
+ * key is XXH3-64(bytes of block i, seed = key of block i-1), so a key names the whole prefix up
+ * to and including its block and matching is anchored at the start of the text. The trailing
+ * partial block gets its own key over exactly the remaining bytes: an exact repeat matches 1.00,
+ * and since a partial block hashes a different byte count than any block of a longer text, it
+ * never matches a longer text.
+ *
+ * Entries are (key, worker) pairs ("holdings"), each with its own position in that worker's LRU
+ * list. Inserting a text touches its blocks from the last to the first, so every block is more
+ * recent than its descendants: a worker's least recently used block is always a leaf, shared
+ * prefixes outlive their tails, and what a worker holds is always prefix-closed.
+ *
+ * Memory: one 16-byte slot per holding (48-bit key fingerprint, 16-bit worker, 32-bit LRU
+ * links) in an open-addressed table filled up to 90 %, plus 1 byte per 8 slots; about 18-27
+ * bytes per held block, i.e. 0.28-0.43 bytes of router memory per byte of text covered with
+ * 64-byte blocks (docs/performance.md). Two limits bound it whatever the traffic, both enforced
+ * on insert: a per-worker count of holdings (`--worker-index-blocks`) and a global count of
+ * distinct keys (`--max-index-blocks`).
+ *
+ * Not thread-safe: owned by the loop thread. */
+#ifndef KVR_INDEX_PREFIX_INDEX_H
+#define KVR_INDEX_PREFIX_INDEX_H
+#include <stddef.h>
+#include <stdint.h>
+
+/** Largest worker id the index accepts (ids are the registry's small stable indexes). */
+#define KVR_PREFIX_INDEX_MAX_WORKER_ID ((size_t)1 << 24)
+/** Most workers one index tracks at once (the worker field of a slot is 16 bits). */
+#define KVR_PREFIX_INDEX_MAX_WORKERS 65535u
+/** Bytes of routing text per engine token assumed when converting a worker's KV capacity in
+ *  tokens into index blocks (DESIGN §6: 64 bytes ≈ one 16-token vLLM block). */
+#define KVR_PREFIX_INDEX_BYTES_PER_TOKEN 4
+
+/** Configuration (flags). */
+typedef struct kvr_prefix_index_cfg {
+    size_t block_bytes;        /**< bytes per block, >= 1 (--block-bytes, 64) */
+    size_t max_blocks;         /**< global cap on distinct block keys, >= 1
+                                    (--max-index-blocks, 4,000,000) */
+    size_t worker_blocks;      /**< default per-worker cap on held blocks; 0 = max_blocks
+                                    (--worker-index-blocks when set) */
+} kvr_prefix_index_cfg;
+
+/** Counters, for kvroute_index_blocks / kvroute_index_evictions_total. */
+typedef struct kvr_prefix_index_stats {
+    size_t blocks;             /**< distinct block keys held by at least one worker */
+    size_t holdings;           /**< (key, worker) entries; >= blocks */
+    size_t workers;            /**< workers with a record (held blocks or a set capacity) */
+    uint64_t evictions;        /**< holdings evicted to respect a cap (not worker removal) */
+    uint64_t forgotten;        /**< holdings dropped because their worker left */
+    size_t memory_bytes;       /**< bytes allocated by the index (table, workers, scratch) */
+    size_t table_slots;        /**< slots in the table (memory_bytes is ~16 per slot) */
+} kvr_prefix_index_stats;
+
+typedef struct kvr_prefix_index kvr_prefix_index;
+
+/** Creates an empty index. Returns NULL on a zero block_bytes/max_blocks or out of memory.
+ *  Free with kvr_prefix_index_destroy(). */
+kvr_prefix_index *kvr_prefix_index_create(const kvr_prefix_index_cfg *cfg);
+void kvr_prefix_index_destroy(kvr_prefix_index *ix);
+
+/** For each of the `n` workers in `workers` (registry ids, distinct), stores in `matched[i]`
+ *  the bytes of `text` covered by the leading consecutive blocks that worker holds (0 when
+ *  none, when the text is empty, or when the worker is unknown). The match ratio is
+ *  matched / len. Hashes each block once and does one table probe per block, stopping at the
+ *  first block none of these workers holds; cost does not grow with the index size. Does not
+ *  touch LRU positions (picking never teaches). Never fails. */
+void kvr_prefix_index_match(kvr_prefix_index *ix, const void *text, size_t len,
+                            const size_t *workers, size_t n, size_t *matched);
+
+/** Records that `worker` now holds every block of `text` (the full blocks and the trailing
+ *  partial one), touching them last block first so ancestors stay more recent. Only the first
+ *  min(blocks, worker cap, global cap) blocks are recorded. Then evicts, least recently used
+ *  first, until the worker is within its cap, and until the distinct keys are within the
+ *  global cap (taking each time the least recently used block of the worker holding the most
+ *  blocks, ties at random). Returns 0, or -1 when the worker id is out of range or memory ran
+ *  out (the index then holds a consistent subset of the blocks). An empty text is a no-op. */
+int kvr_prefix_index_insert(kvr_prefix_index *ix, size_t worker, const void *text, size_t len);
+
+/** Drops every block `worker` holds, at once (it left, restarted or cleared its cache), and its
+ *  capacity setting. Returns the number of holdings dropped. */
+size_t kvr_prefix_index_forget_worker(kvr_prefix_index *ix, size_t worker);
+
+/** Sets `worker`'s cap on held blocks (0 = back to the configured default), clamped to the
+ *  global cap, evicting its least recently used blocks at once if it holds more. Returns 0, or
+ *  -1 when the id is out of range or memory ran out. */
+int kvr_prefix_index_set_worker_capacity(kvr_prefix_index *ix, size_t worker, size_t blocks);
+
+/** Index blocks for a worker whose KV cache holds `kv_tokens` tokens (vLLM
+ *  cache_config_info num_gpu_blocks × block_size), assuming KVR_PREFIX_INDEX_BYTES_PER_TOKEN
+ *  bytes of routing text per token; at least 1. */
+size_t kvr_prefix_index_blocks_for_kv_tokens(int64_t kv_tokens, size_t block_bytes);
+
+/** Blocks `worker` currently holds (0 if unknown). */
+size_t kvr_prefix_index_worker_blocks(const kvr_prefix_index *ix, size_t worker);
+/** `worker`'s effective cap in blocks (the default when it has no record). */
+size_t kvr_prefix_index_worker_capacity(const kvr_prefix_index *ix, size_t worker);
+
+/** Fills `out` with the counters. */
+void kvr_prefix_index_stats_get(const kvr_prefix_index *ix, kvr_prefix_index_stats *out);
+
+/** Block keys of `text` in order (full blocks, then the partial one): writes up to `max` keys
+ *  into `keys` and returns the total number of blocks. For tests and the consistent_hash
+ *  policy (whose key is the first block). */
+size_t kvr_prefix_index_block_keys(size_t block_bytes, const void *text, size_t len,
+                                   uint64_t *keys, size_t max);
+
+#endif

@@ -1,0 +1,132 @@
+/* kvroute: flags and config → start the loop. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uv.h>
+
+#include "api/router.h"
+#include "app/app.h"
+#include "util/log.h"
+#include "util/rand.h"
+#include "util/time.h"
+#include "workers/health.h"
+
+static kvr_app g_app;
+static uv_signal_t g_sigterm, g_sigint;
+static uv_timer_t g_drain_timer;
+static uint64_t g_drain_deadline_ms;
+
+static void shutdown_all(void)
+{
+    kvr_app *app = &g_app;
+    uv_timer_stop(&g_drain_timer);
+    uv_close((uv_handle_t *)&g_drain_timer, NULL);
+    uv_close((uv_handle_t *)&g_sigterm, NULL);
+    uv_close((uv_handle_t *)&g_sigint, NULL);
+    kvr_health_stop(app);
+    kvr_http_server_close(app->http, NULL, NULL);
+    kvr_upstream_close(app->up);
+}
+
+static void drain_tick(uv_timer_t *t)
+{
+    (void)t;
+    size_t active = kvr_http_server_active_requests(g_app.http);
+    if (active == 0 || kvr_now_ms() >= g_drain_deadline_ms) {
+        if (active)
+            KVR_WARN("msg=\"drain timeout: closing remaining requests\" active=%zu", active);
+        else
+            KVR_INFO("msg=\"drained\"");
+        shutdown_all();
+    }
+}
+
+static void on_signal(uv_signal_t *s, int signum)
+{
+    (void)s;
+    if (g_app.draining) {
+        KVR_WARN("msg=\"second signal: stopping now\"");
+        g_drain_deadline_ms = 0;
+        return;
+    }
+    KVR_INFO("msg=\"draining\" signal=%d active=%zu timeout_s=%llu", signum,
+             kvr_http_server_active_requests(g_app.http),
+             (unsigned long long)g_app.cfg.drain_timeout_s);
+    g_app.draining = 1;
+    kvr_http_server_stop_accepting(g_app.http);
+    g_drain_deadline_ms = kvr_now_ms() + g_app.cfg.drain_timeout_s * 1000;
+    uv_timer_start(&g_drain_timer, drain_tick, 0, 20);
+}
+
+int main(int argc, char **argv)
+{
+    kvr_app *app = &g_app;
+    char err[512];
+    kvr_config_default(&app->cfg);
+    int rc = kvr_config_parse(&app->cfg, argc, argv, err, sizeof(err));
+    if (rc == 1)
+        return 0;
+    if (rc < 0) {
+        fprintf(stderr, "kvroute: %s\n", err);
+        return 2;
+    }
+    int lvl = kvr_log_parse_level(app->cfg.log_level);
+    if (lvl < 0) {
+        fprintf(stderr, "kvroute: --log-level: expected debug, info, warn or error\n");
+        return 2;
+    }
+    kvr_log_set_level((kvr_log_level)lvl);
+    app->policy_ops = kvr_policy_find(app->cfg.policy);
+    if (!app->policy_ops) {
+        fprintf(stderr, "kvroute: unknown --policy '%s' (one of %s)\n", app->cfg.policy,
+                kvr_policy_names());
+        return 2;
+    }
+    if (app->cfg.seed)
+        kvr_rand_seed(app->cfg.seed);
+    signal(SIGPIPE, SIG_IGN);
+
+    app->loop = uv_default_loop();
+    app->reg = kvr_registry_new();
+    for (size_t i = 0; i < app->cfg.nworkers; i++) {
+        if (!kvr_registry_add(app->reg, app->cfg.workers[i])) {
+            fprintf(stderr, "kvroute: --worker '%s': expected a distinct http:// URL\n",
+                    app->cfg.workers[i]);
+            return 2;
+        }
+    }
+    app->scratch = calloc(app->cfg.nworkers, sizeof(*app->scratch));
+    if (app->cfg.model)
+        kvr_app_add_model(app, app->cfg.model);
+    app->metrics = kvr_metrics_new();
+    kvr_app_metrics_init(app);
+    app->policy = app->policy_ops->create(&app->cfg.policy_cfg, app->cfg.model ? app->cfg.model : "");
+    app->up = kvr_upstream_new(app->loop, &app->cfg.upstream);
+    app->http = kvr_http_server_new(app->loop, &app->cfg.http, kvr_api_handle, app);
+    int lr = kvr_http_server_listen(app->http, app->cfg.host, app->cfg.port);
+    if (lr < 0) {
+        fprintf(stderr, "kvroute: cannot listen on %s:%d: %s\n", app->cfg.host, app->cfg.port,
+                uv_strerror(lr));
+        return 1;
+    }
+    uv_signal_init(app->loop, &g_sigterm);
+    uv_signal_init(app->loop, &g_sigint);
+    uv_signal_start(&g_sigterm, on_signal, SIGTERM);
+    uv_signal_start(&g_sigint, on_signal, SIGINT);
+    uv_timer_init(app->loop, &g_drain_timer);
+    kvr_health_start(app);
+    KVR_INFO("msg=\"listening\" addr=%s:%d policy=%s workers=%zu model=%s", app->cfg.host,
+             app->cfg.port, app->policy_ops->name, app->cfg.nworkers,
+             app->cfg.model ? app->cfg.model : "(discovering)");
+    uv_run(app->loop, UV_RUN_DEFAULT);
+    uv_loop_close(app->loop);
+    app->policy_ops->destroy(app->policy);
+    kvr_metrics_free(app->metrics);
+    kvr_registry_free(app->reg);
+    for (size_t i = 0; i < app->nmodels; i++)
+        free(app->models[i]);
+    free(app->scratch);
+    KVR_INFO("msg=\"exit\"");
+    return 0;
+}

@@ -1,0 +1,349 @@
+/* A proxied request's life. One `preq` per client request; it owns at most one upstream
+ * attempt, and one in-flight unit on the attempt's worker from kvr_upstream_start() until the
+ * attempt ends or is cancelled (DESIGN §4 step 6: the only place that changes the counter). */
+#include "proxy/proxy.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "api/errors.h"
+#include "api/validate.h"
+#include "proxy/headers.h"
+#include "proxy/usage.h"
+#include "util/log.h"
+#include "util/oai_error.h"
+#include "util/rand.h"
+#include "util/time.h"
+
+#define MAX_FWD_HEADERS 128
+#define URL_CAP 2048
+
+typedef struct preq {
+    kvr_app *app;
+    kvr_http_req *req;
+    kvr_upstream_attempt *att;
+    kvr_worker *w;
+    kvr_pick pick;
+    char *model;
+    char request_id[72];
+    char url[URL_CAP];
+    char match[8];
+    int status;           /* worker's status, 0 until headers */
+    int sse;              /* worker answered text/event-stream */
+    int paused;           /* on_body refused bytes: waiting for on_drain */
+    int got_body;         /* first body byte seen (TTFT taken) */
+    kvr_usage usage;
+    kvr_http_header fwd[MAX_FWD_HEADERS];
+    size_t nfwd;
+} preq;
+
+static const char *endpoint_path(kvr_endpoint ep)
+{
+    return ep == KVR_EP_CHAT ? "/v1/chat/completions"
+           : ep == KVR_EP_COMPLETIONS ? "/v1/completions"
+                                      : "/v1/responses";
+}
+
+static void set_request_id(preq *p)
+{
+    /* Echo the client's id when it is a sane token, so logs on both sides correlate. */
+    const char *id = kvr_http_req_header(p->req, "x-request-id");
+    size_t n = id ? strlen(id) : 0;
+    int ok = n > 0 && n < sizeof(p->request_id);
+    for (size_t i = 0; ok && i < n; i++)
+        ok = id[i] > 0x20 && id[i] < 0x7f;
+    if (ok) {
+        memcpy(p->request_id, id, n + 1);
+        return;
+    }
+    snprintf(p->request_id, sizeof(p->request_id), "kvr-%016llx%016llx",
+             (unsigned long long)kvr_rand_u64(), (unsigned long long)kvr_rand_u64());
+}
+
+static void preq_free(preq *p)
+{
+    kvr_usage_free(&p->usage);
+    free(p->model);
+    free(p);
+}
+
+/* Ends the in-flight unit of the current attempt: exactly once per kvr_worker_acquire. */
+static void attempt_ended(preq *p, int code)
+{
+    char c[8];
+    snprintf(c, sizeof(c), "%d", code);
+    const char *lv[] = {p->w->url, c};
+    kvr_metric_inc(p->app->m.worker_requests, lv, 1);
+    kvr_worker_release(p->w);
+    p->att = NULL;
+}
+
+static void count_usage(preq *p)
+{
+    kvr_usage_finish(&p->usage);
+    if (!p->usage.found)
+        return;
+    const char *lv[] = {p->model, p->w->url};
+    kvr_metric_inc(p->app->m.prompt_tokens, lv, (double)p->usage.prompt);
+    kvr_metric_inc(p->app->m.cached_tokens, lv, (double)p->usage.cached);
+    kvr_metric_inc(p->app->m.completion_tokens, lv, (double)p->usage.completion);
+}
+
+static void on_client_gone(void *ud)
+{
+    preq *p = ud;
+    if (p->att) {
+        kvr_upstream_cancel(p->att);
+        attempt_ended(p, p->status);
+    }
+    const char *lv[] = {p->model, kvr_http_req_path(p->req)};
+    kvr_metric_inc(p->app->m.client_aborts, lv, 1);
+    kvr_api_count(p->app, p->req, p->model, 499);
+    kvr_http_resp_abort(p->req);
+    preq_free(p);
+}
+
+static void on_drain(void *ud)
+{
+    preq *p = ud;
+    if (p->paused && p->att) {
+        p->paused = 0;
+        kvr_upstream_resume(p->att);
+    }
+}
+
+static int64_t parse_content_length(const char *v, size_t n)
+{
+    int64_t x = 0;
+    if (n == 0 || n > 18)
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        if (v[i] < '0' || v[i] > '9')
+            return -1;
+        x = x * 10 + (v[i] - '0');
+    }
+    return x;
+}
+
+static void on_headers(void *ud, int status, const kvr_http_header *h, size_t n)
+{
+    preq *p = ud;
+    p->status = status;
+    kvr_http_header out[MAX_FWD_HEADERS + 4];
+    size_t k = 0;
+    int64_t clen = -1;
+    const char *conn = NULL;
+    char connbuf[256];
+    for (size_t i = 0; i < n; i++)
+        if (kvr_header_is(h[i].name, h[i].name_len, "connection")) {
+            snprintf(connbuf, sizeof(connbuf), "%.*s", (int)h[i].value_len, h[i].value);
+            conn = connbuf;
+        }
+    for (size_t i = 0; i < n && k < MAX_FWD_HEADERS; i++) {
+        const char *nm = h[i].name;
+        size_t nl = h[i].name_len;
+        if (kvr_hop_by_hop(nm, nl, conn) || kvr_header_is(nm, nl, "date") ||
+            kvr_header_is(nm, nl, "x-request-id") || (nl > 10 && !strncasecmp(nm, "x-kvroute-", 10)))
+            continue;
+        if (kvr_header_is(nm, nl, "content-length")) {
+            clen = parse_content_length(h[i].value, h[i].value_len);
+            continue;
+        }
+        if (kvr_header_is(nm, nl, "content-type") && h[i].value_len >= 17 &&
+            !strncasecmp(h[i].value, "text/event-stream", 17))
+            p->sse = 1;
+        out[k++] = h[i];
+    }
+    out[k++] = (kvr_http_header){"x-kvroute-worker", 16, p->w->url, strlen(p->w->url)};
+    out[k++] = (kvr_http_header){"x-kvroute-decision", 18, p->pick.decision,
+                                 strlen(p->pick.decision)};
+    out[k++] = (kvr_http_header){"x-request-id", 12, p->request_id, strlen(p->request_id)};
+    if (p->pick.match >= 0) {
+        snprintf(p->match, sizeof(p->match), "%.2f", p->pick.match);
+        out[k++] = (kvr_http_header){"x-kvroute-match", 15, p->match, strlen(p->match)};
+    }
+    kvr_usage_init(&p->usage, p->sse, status / 100 == 2 ? p->app->cfg.max_usage_bytes : 0);
+    kvr_http_resp_start(p->req, status, out, k, clen);
+    if (status / 100 == 2 && p->app->policy_ops->teach) {
+        /* Teaching at 2xx headers (DESIGN §10) lands in the cache_aware issue. */
+    }
+}
+
+static int on_body(void *ud, const char *data, size_t len)
+{
+    preq *p = ud;
+    if (!p->got_body) {
+        p->got_body = 1;
+        const char *lv[] = {p->model, kvr_http_req_path(p->req)};
+        kvr_metric_observe(p->app->m.ttft, lv,
+                           (double)(kvr_now_ns() - kvr_http_req_start_ns(p->req)) / 1e9);
+    }
+    /* Check the watermark before taking bytes: a refusal means libcurl redelivers them. */
+    if (kvr_http_resp_pending(p->req) > p->app->cfg.http.write_high_water) {
+        p->paused = 1;
+        return 1;
+    }
+    kvr_usage_feed(&p->usage, data, len);
+    kvr_http_resp_write(p->req, data, len);
+    return 0;
+}
+
+static void count_error(preq *p, kvr_upstream_err err)
+{
+    const char *lv[] = {p->w->url, kvr_upstream_err_name(err)};
+    kvr_metric_inc(p->app->m.upstream_errors, lv, 1);
+}
+
+static void on_done(void *ud, kvr_upstream_err err, const char *msg, int got_headers)
+{
+    preq *p = ud;
+    kvr_app *app = p->app;
+    attempt_ended(p, got_headers ? p->status : 0);
+    if (err == KVR_UP_OK) {
+        count_usage(p);
+        kvr_api_count(app, p->req, p->model, p->status);
+        kvr_http_resp_end(p->req);
+        preq_free(p);
+        return;
+    }
+    count_error(p, err);
+    KVR_WARN("msg=\"upstream failed\" worker=%s kind=%s detail=\"%s\" request_id=%s "
+             "after_headers=%d",
+             p->w->url, kvr_upstream_err_name(err), msg ? msg : "", p->request_id, got_headers);
+    char text[512];
+    snprintf(text, sizeof(text), "worker %s failed: %s (%s)", p->w->url,
+             kvr_upstream_err_name(err), msg ? msg : "");
+    if (!got_headers) {
+        kvr_http_header hs[] = {
+            {"x-kvroute-worker", 16, p->w->url, strlen(p->w->url)},
+            {"x-kvroute-decision", 18, p->pick.decision, strlen(p->pick.decision)},
+            {"x-request-id", 12, p->request_id, strlen(p->request_id)},
+        };
+        int st = (err == KVR_UP_FIRST_BYTE_TIMEOUT || err == KVR_UP_CONNECT_TIMEOUT) ? 504 : 502;
+        kvr_api_error(app, p->req, p->model, st, text, NULL, "upstream_error", hs, 3);
+        preq_free(p);
+        return;
+    }
+    /* The status is already sent. An SSE stream gets a final error event and a proper end,
+     * so clients (the openai SDKs raise on an `error` event) see why; any other body is cut
+     * without its terminator so the client sees a truncated response (docs/operations.md). */
+    kvr_api_count(app, p->req, p->model, p->status);
+    if (p->sse) {
+        kvr_buf b;
+        kvr_buf_init(&b, 0);
+        kvr_buf_puts(&b, "data: ");
+        kvr_oai_error_json(&b, 502, text, NULL, "upstream_error");
+        kvr_buf_puts(&b, "\n\n");
+        kvr_http_resp_write(p->req, b.data, b.len);
+        kvr_buf_free(&b);
+        kvr_http_resp_end(p->req);
+    } else {
+        kvr_http_resp_abort(p->req);
+    }
+    preq_free(p);
+}
+
+static const kvr_upstream_cbs upstream_cbs = {on_headers, on_body, on_done};
+
+static void build_forward_headers(preq *p)
+{
+    kvr_http_req *r = p->req;
+    const char *conn = kvr_http_req_header(r, "connection");
+    size_t n = kvr_http_req_header_count(r);
+    for (size_t i = 0; i < n && p->nfwd < MAX_FWD_HEADERS - 1; i++) {
+        const kvr_http_header *h = kvr_http_req_header_at(r, i);
+        if (kvr_hop_by_hop(h->name, h->name_len, conn) ||
+            kvr_header_is(h->name, h->name_len, "host") ||
+            kvr_header_is(h->name, h->name_len, "content-length") ||
+            kvr_header_is(h->name, h->name_len, "expect") ||
+            kvr_header_is(h->name, h->name_len, "x-request-id"))
+            continue;
+        p->fwd[p->nfwd++] = *h;
+    }
+    p->fwd[p->nfwd++] =
+        (kvr_http_header){"x-request-id", 12, p->request_id, strlen(p->request_id)};
+}
+
+static void count_decision(preq *p)
+{
+    const char *lv[] = {p->model, p->app->policy_ops->name, p->pick.decision};
+    kvr_metric_inc(p->app->m.decisions, lv, 1);
+}
+
+void kvr_proxy_handle(kvr_app *app, kvr_http_req *r, kvr_endpoint ep)
+{
+    size_t blen;
+    const char *body = kvr_http_req_body(r, &blen);
+    json_error_t jerr;
+    json_t *j = json_loadb(body, blen, JSON_REJECT_DUPLICATES, &jerr);
+    if (!j) {
+        char msg[300];
+        snprintf(msg, sizeof(msg), "invalid JSON body: %s (line %d, column %d)", jerr.text,
+                 jerr.line, jerr.column);
+        kvr_api_error(app, r, NULL, 400, msg, NULL, "invalid_json", NULL, 0);
+        return;
+    }
+    char msg[300];
+    const char *param = NULL;
+    if (kvr_api_validate(j, ep, msg, sizeof(msg), &param)) {
+        json_decref(j);
+        kvr_api_error(app, r, NULL, 400, msg, param, "invalid_value", NULL, 0);
+        return;
+    }
+    const char *model = json_string_value(json_object_get(j, "model"));
+    if (!kvr_app_serves(app, model)) {
+        char m[300];
+        snprintf(m, sizeof(m), "The model '%.200s' does not exist or is not served here",
+                 model);
+        json_decref(j);
+        kvr_api_error(app, r, NULL, 404, m, "model", "model_not_found", NULL, 0);
+        return;
+    }
+    preq *p = calloc(1, sizeof(*p));
+    if (!p || !(p->model = strdup(model))) {
+        free(p);
+        json_decref(j);
+        kvr_api_error(app, r, NULL, 503, "out of memory", NULL, NULL, NULL, 0);
+        return;
+    }
+    json_decref(j);
+    p->app = app;
+    p->req = r;
+    set_request_id(p);
+
+    size_t ne = kvr_registry_eligible(app->reg, app->scratch);
+    kvr_route_keys keys = {0};
+    if (ne == 0 || app->policy_ops->pick(app->policy, app->scratch, ne, &keys, &p->pick) < 0) {
+        char ra[24];
+        snprintf(ra, sizeof(ra), "%llu", (unsigned long long)app->cfg.retry_after_s);
+        kvr_http_header h[] = {{"Retry-After", 11, ra, strlen(ra)},
+                               {"x-request-id", 12, p->request_id, strlen(p->request_id)}};
+        kvr_api_error(app, r, p->model, 503, "no eligible worker can serve this request now",
+                      NULL, "no_eligible_worker", h, 2);
+        preq_free(p);
+        return;
+    }
+    p->w = p->pick.worker;
+    count_decision(p);
+    build_forward_headers(p);
+    if (kvr_worker_url(p->w, endpoint_path(ep), p->url, sizeof(p->url)) < 0) {
+        kvr_api_error(app, r, p->model, 500, "worker URL too long", NULL, NULL, NULL, 0);
+        preq_free(p);
+        return;
+    }
+    kvr_http_req_cbs cbs = {on_drain, on_client_gone};
+    kvr_http_req_set_cbs(r, &cbs, p);
+    kvr_worker_acquire(p->w);
+    p->att = kvr_upstream_start(app->up, "POST", p->url, p->fwd, p->nfwd, body, blen,
+                                &upstream_cbs, p);
+    if (!p->att) {
+        kvr_worker_release(p->w);
+        count_error(p, KVR_UP_OTHER);
+        kvr_api_error(app, r, p->model, 502, "could not start the upstream request", NULL,
+                      "upstream_error", NULL, 0);
+        preq_free(p);
+    }
+}

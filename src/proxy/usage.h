@@ -1,0 +1,30 @@
+/* Reads token `usage` from a worker's response as it streams past, for
+ * kvroute_{prompt,cached,completion}_tokens_total (DESIGN §10): the JSON body's `usage`, or the
+ * SSE chunk that carries one (the final chunk with stream_options.include_usage). SSE events
+ * split across reads are reassembled before anything parses them. */
+#ifndef KVR_PROXY_USAGE_H
+#define KVR_PROXY_USAGE_H
+#include <stddef.h>
+
+#include "util/buf.h"
+
+typedef struct kvr_usage {
+    kvr_buf buf;        /**< JSON: body so far; SSE: the current incomplete line */
+    int sse;            /**< 1 for text/event-stream */
+    int overflow;       /**< the body or a line exceeded the cap: stop scanning */
+    int found;          /**< a usage object was read */
+    long long prompt;   /**< usage.prompt_tokens */
+    long long cached;   /**< usage.prompt_tokens_details.cached_tokens */
+    long long completion; /**< usage.completion_tokens */
+} kvr_usage;
+
+/** Starts a scan; `cap` bytes bound the memory kept (0 disables scanning). */
+void kvr_usage_init(kvr_usage *u, int sse, size_t cap);
+/** Feeds response body bytes. */
+void kvr_usage_feed(kvr_usage *u, const char *data, size_t len);
+/** Parses what is buffered (JSON bodies) at the end of the response. */
+void kvr_usage_finish(kvr_usage *u);
+/** Frees the buffer. */
+void kvr_usage_free(kvr_usage *u);
+
+#endif

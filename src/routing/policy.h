@@ -1,0 +1,68 @@
+/* The policy interface: given the eligible workers and a request's routing keys, pick one
+ * worker and say why (the decision label). One file per policy under src/routing/. */
+#ifndef KVR_ROUTING_POLICY_H
+#define KVR_ROUTING_POLICY_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "workers/worker.h"
+
+/** A request's routing keys (DESIGN §5). Both ranges are borrowed for the call. */
+typedef struct kvr_route_keys {
+    const char *session;   /**< session key bytes, NULL when the request has none */
+    size_t session_len;    /**< bytes */
+    const char *text;      /**< routing text (what the engine will cache), NULL/0 when none */
+    size_t text_len;       /**< bytes */
+} kvr_route_keys;
+
+/** A policy's answer. */
+typedef struct kvr_pick {
+    kvr_worker *worker;    /**< chosen worker, one of the eligible ones */
+    const char *decision;  /**< static label: the policy name for simple policies, else one of
+                                session_id_match, prefix_match, low_match_min_load,
+                                empty_key_min_load, load_balance (DESIGN §7) */
+    double match;          /**< best prefix match ratio 0..1 over eligible workers, -1 = n/a */
+} kvr_pick;
+
+/** Tunables shared by the policies (flags). */
+typedef struct kvr_policy_cfg {
+    double cache_threshold;        /**< min match ratio for prefix_match (0.5) */
+    double balance_abs_threshold;  /**< overload gate: load - min_load > this (32) */
+    double balance_rel_threshold;  /**< ... and load > min_load × this (1.5) */
+    uint64_t session_ttl_s;        /**< session map TTL in seconds (3600) */
+    size_t max_sessions;           /**< session map capacity (1,000,000) */
+    size_t block_bytes;            /**< prefix index block size in bytes (64) */
+    size_t max_index_blocks;       /**< global cap on distinct block keys (4,000,000) */
+    size_t worker_index_blocks;    /**< per-worker cap, 0 = from KV capacity / global cap */
+} kvr_policy_cfg;
+void kvr_policy_cfg_default(kvr_policy_cfg *c);
+
+typedef struct kvr_policy kvr_policy;
+
+/** Operations of a policy. Only `name`, `create`, `pick` and `destroy` are mandatory. */
+typedef struct kvr_policy_ops {
+    const char *name;
+    /** Creates an instance; `model` names the model it routes (for metric labels). */
+    void *(*create)(const kvr_policy_cfg *cfg, const char *model);
+    /** Picks among `n` >= 1 eligible workers. Returns 0, or -1 when none can be chosen. Pure
+     *  with respect to learned state: picking never teaches (so /debug/route can call it). */
+    int (*pick)(void *self, kvr_worker *const *eligible, size_t n, const kvr_route_keys *k,
+                kvr_pick *out);
+    /** The worker answered 2xx headers for a request with these keys: learn from it. */
+    void (*teach)(void *self, kvr_worker *w, const kvr_route_keys *k);
+    /** `w` leaves (removed, restarted, cache cleared): forget everything about it now. */
+    void (*forget_worker)(void *self, kvr_worker *w);
+    void (*destroy)(void *self);
+} kvr_policy_ops;
+
+/** Looks a policy up by name ("round_robin", "random", "least_load", "power_of_two",
+ *  "consistent_hash", "rendezvous_hash", "cache_aware"); NULL if unknown. */
+const kvr_policy_ops *kvr_policy_find(const char *name);
+/** Comma-separated names of all policies, for --help. */
+const char *kvr_policy_names(void);
+
+/** Helper for policies: the eligible worker with the fewest in-flight requests, ties broken
+ *  uniformly at random (never by list order). `n` >= 1. */
+kvr_worker *kvr_policy_least_loaded(kvr_worker *const *eligible, size_t n);
+
+#endif

@@ -1,0 +1,76 @@
+/* cache_aware policy (DESIGN §7): exact session affinity, then prefix affinity, then least
+ * load, with an overload gate. The ops table is kvr_policy_cache_aware (routing/policies.h);
+ * this header adds what the metrics, GET /workers and POST /debug/route need. Every function
+ * here takes the instance returned by kvr_policy_cache_aware.create (check the route's ops
+ * pointer first: passing another policy's instance is undefined).
+ *
+ * Decision for a request over the eligible set E (loads = in-flight attempts, min over E):
+ *   overloaded(w) ⇔ load(w) − min > balance_abs_threshold ∧ load(w) > min × balance_rel_threshold
+ *   1. session key bound (session map, TTL not expired) to a worker in E, not overloaded
+ *      → that worker, "session_id_match";
+ *   2. else best prefix match ratio (matched bytes / text bytes) ≥ cache_threshold (and > 0),
+ *      ties at random among the best not overloaded → "prefix_match";
+ *   3. else least loaded (ties at random) → "load_balance" if 1 or 2 was refused for load,
+ *      else "empty_key_min_load" without routing text, else "low_match_min_load".
+ * kvr_pick.match = best ratio over E (-1 without routing text).
+ *
+ * Learning: teach() (call when the worker's 2xx response headers arrive, never for failed
+ * attempts) binds the session to the worker and records the routing text under it; a worker's
+ * per-worker index cap comes from --worker-index-blocks when set, else from its published KV
+ * capacity (kvr_worker.kv_tokens), else the global cap. forget_worker() drops all of it at once. */
+#ifndef KVR_ROUTING_POLICY_CACHE_AWARE_H
+#define KVR_ROUTING_POLICY_CACHE_AWARE_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "index/session_map.h"
+#include "routing/policy.h"
+
+/** Counters of one instance (one model), for:
+ *  kvroute_index_blocks{model} (gauge), kvroute_index_evictions_total{model},
+ *  kvroute_sessions{model} (gauge), kvroute_session_evictions_total{model,reason}
+ *  (reason label: kvr_session_evict_reason_name()). */
+typedef struct kvr_cache_aware_stats {
+    size_t index_blocks;                                      /**< distinct block keys */
+    uint64_t index_evictions;                                 /**< holdings evicted by caps */
+    size_t sessions;                                          /**< live session entries */
+    uint64_t session_evictions[KVR_SESSION_EVICT_NREASONS];   /**< by reason */
+    size_t memory_bytes;                                      /**< index + session map */
+} kvr_cache_aware_stats;
+
+/** Fills `out` for instance `self`. */
+void kvr_cache_aware_stats_get(void *self, kvr_cache_aware_stats *out);
+
+/** Per-worker figures for GET /workers. */
+typedef struct kvr_cache_aware_worker_stats {
+    size_t index_blocks;       /**< blocks the worker is recorded as holding */
+    size_t index_capacity;     /**< its cap on them */
+    size_t sessions;           /**< sessions bound to it */
+} kvr_cache_aware_worker_stats;
+
+/** Fills `out` for registry id `worker_id` (zeros and the default cap when unknown). */
+void kvr_cache_aware_worker_stats_get(void *self, size_t worker_id,
+                                      kvr_cache_aware_worker_stats *out);
+
+/** One row of POST /debug/route's answer: how the policy sees an eligible worker. */
+typedef struct kvr_cache_aware_explain_row {
+    kvr_worker *worker;        /**< the eligible worker (borrowed) */
+    size_t matched_bytes;      /**< leading routing-text bytes it is recorded as holding */
+    double match;              /**< matched_bytes / text bytes; -1 without routing text */
+    int64_t inflight;          /**< its load at decision time */
+    int overloaded;            /**< 1 when the overload gate refuses it */
+    int session_owner;         /**< 1 when the request's session key is bound to it */
+} kvr_cache_aware_explain_row;
+
+/** Runs the decision exactly as pick() does (learning nothing) and describes it: `rows` gets
+ *  one entry per eligible worker, in the order of `eligible` (`n` rows, caller-allocated);
+ *  `out` gets the decision. Returns 0, or -1 when n is 0 or memory ran out. */
+int kvr_cache_aware_explain(void *self, kvr_worker *const *eligible, size_t n,
+                            const kvr_route_keys *k, kvr_cache_aware_explain_row *rows,
+                            kvr_pick *out);
+
+/** Drops up to `max` expired sessions (call from a periodic timer; teach() also sweeps a few).
+ *  Returns the number dropped. */
+size_t kvr_cache_aware_sweep(void *self, size_t max);
+
+#endif

@@ -1,0 +1,79 @@
+/* Upstream HTTP/1.1 client: libcurl multi_socket driven by the same libuv loop (the pattern of
+ * curl's docs/examples/multi-uv.c). One "attempt" = one request to one worker. Streaming with
+ * backpressure: the body callback may refuse bytes (libcurl pauses and redelivers them later).
+ * Pitfalls handled here (reference B.5): empty Expect header, no curl_multi_remove_handle from
+ * inside callbacks (deferred kill list), CURL_CSELECT_ERR on poll errors, one uv_poll per fd,
+ * no CURLOPT_TIMEOUT on streams (first-byte and idle timers instead), HTTP/1.1 only. */
+#ifndef KVR_UPSTREAM_UPSTREAM_H
+#define KVR_UPSTREAM_UPSTREAM_H
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "http/server.h" /* kvr_http_header */
+
+typedef struct kvr_upstream kvr_upstream;
+typedef struct kvr_upstream_attempt kvr_upstream_attempt;
+
+/** Options of the upstream client; times in milliseconds, 0 = no limit. */
+typedef struct kvr_upstream_opts {
+    uint64_t connect_timeout_ms;     /**< TCP connect (default 5000) */
+    uint64_t first_byte_timeout_ms;  /**< request sent → response headers (default 600000) */
+    uint64_t stream_idle_timeout_ms; /**< max gap between body bytes (default 120000) */
+    long max_host_connections;       /**< per worker (CURLMOPT_MAX_HOST_CONNECTIONS; 0 = none) */
+    long max_total_connections;      /**< connection cache size (CURLMOPT_MAXCONNECTS; 1024) */
+} kvr_upstream_opts;
+void kvr_upstream_opts_default(kvr_upstream_opts *o);
+
+/** Why an attempt failed. The names (kvr_upstream_err_name) are the `kind` label of
+ *  kvroute_upstream_errors_total. */
+typedef enum kvr_upstream_err {
+    KVR_UP_OK = 0,
+    KVR_UP_CONNECT,          /**< "connect": refused / unreachable */
+    KVR_UP_CONNECT_TIMEOUT,  /**< "connect_timeout" */
+    KVR_UP_FIRST_BYTE_TIMEOUT, /**< "first_byte_timeout" */
+    KVR_UP_IDLE_TIMEOUT,     /**< "stream_idle_timeout" */
+    KVR_UP_RESET,            /**< "reset": connection closed/reset before the response ended */
+    KVR_UP_PROTOCOL,         /**< "protocol": malformed response */
+    KVR_UP_OTHER,            /**< "other" */
+} kvr_upstream_err;
+const char *kvr_upstream_err_name(kvr_upstream_err e);
+
+/** Callbacks of one attempt; `ud` is the pointer given to kvr_upstream_start(). */
+typedef struct kvr_upstream_cbs {
+    /** The final (non-1xx) status and headers arrived. Headers exclude the status line; names
+     *  and values point into memory valid only during the call. Called at most once. */
+    void (*on_headers)(void *ud, int status, const kvr_http_header *h, size_t n);
+    /** Body bytes (after on_headers). Return 0 when all `len` bytes were taken, or 1 to take
+     *  none and pause: the same bytes come again after kvr_upstream_resume(). */
+    int (*on_body)(void *ud, const char *data, size_t len);
+    /** The attempt ended: err == KVR_UP_OK after the whole body, else the failure and a short
+     *  text. Called exactly once unless the attempt was cancelled; after it the attempt is
+     *  freed by the upstream module. `got_headers` tells whether on_headers ran. */
+    void (*on_done)(void *ud, kvr_upstream_err err, const char *msg, int got_headers);
+} kvr_upstream_cbs;
+
+/** Creates the client on `loop` (options copied). Never returns NULL (aborts on OOM). */
+kvr_upstream *kvr_upstream_new(uv_loop_t *loop, const kvr_upstream_opts *opts);
+/** Cancels every attempt (no on_done), closes libuv handles; frees once they are closed. */
+void kvr_upstream_close(kvr_upstream *u);
+
+/** Starts a request. `url` is absolute ("http://127.0.0.1:9001/v1/chat/completions");
+ *  `h` are extra request headers sent as given (the caller drops hop-by-hop ones; Host and
+ *  Content-Length are computed here). `body` (may be NULL when len 0) is NOT copied and must
+ *  stay valid until on_done or cancel. `method` is "GET" or "POST" (others as given).
+ *  Returns the attempt, or NULL when it could not be started (then no callback runs). */
+kvr_upstream_attempt *kvr_upstream_start(kvr_upstream *u, const char *method, const char *url,
+                                         const kvr_http_header *h, size_t n, const char *body,
+                                         size_t len, const kvr_upstream_cbs *cbs, void *ud);
+/** Resumes an attempt paused by on_body returning 1. May call on_body before returning only
+ *  if called outside any libcurl callback; otherwise deferred to the next loop iteration. */
+void kvr_upstream_resume(kvr_upstream_attempt *a);
+/** Cancels: closes the worker connection (the worker sees the disconnect, so the generation
+ *  stops) and frees the attempt; no callback runs after this returns. Safe to call from
+ *  inside this attempt's callbacks. */
+void kvr_upstream_cancel(kvr_upstream_attempt *a);
+/** Number of attempts in progress. */
+size_t kvr_upstream_active(const kvr_upstream *u);
+
+#endif

@@ -1,0 +1,30 @@
+/* A worker: one inference engine replica (vLLM / SGLang / kvroute-sim) behind the router. */
+#ifndef KVR_WORKERS_WORKER_H
+#define KVR_WORKERS_WORKER_H
+#include <stddef.h>
+#include <stdint.h>
+
+/** State of one worker, owned by the registry (src/workers/registry.h). Policies read it. */
+typedef struct kvr_worker {
+    char *url;              /**< base URL exactly as configured ("http://127.0.0.1:9001"); the
+                                 `worker` metric label, x-kvroute-worker and hash-ring key */
+    size_t id;              /**< stable index, unique while the worker is registered */
+    int64_t inflight;       /**< upstream attempts in progress (DESIGN §4 step 6: changed only
+                                 by kvr_worker_acquire/release) */
+    int healthy;            /**< 1 while its last health check passed (starts at 1) */
+    int draining;           /**< 1 when removed from rotation but still finishing requests */
+    double queue;           /**< scraped vllm:num_requests_waiting, -1 when unknown */
+    double running;         /**< scraped vllm:num_requests_running, -1 when unknown */
+    double kv_usage;        /**< scraped vllm:kv_cache_usage_perc (0..1), -1 when unknown */
+    int64_t kv_tokens;      /**< KV capacity in tokens (num_gpu_blocks × block_size from
+                                 vllm:cache_config_info), -1 when unknown */
+    uint64_t requests;      /**< attempts started on it, for /workers */
+} kvr_worker;
+
+/** Eligible = may receive new requests: healthy and not draining (DESIGN §4 step 4). */
+static inline int kvr_worker_eligible(const kvr_worker *w)
+{
+    return w->healthy && !w->draining;
+}
+
+#endif

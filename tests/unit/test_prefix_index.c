@@ -1,0 +1,430 @@
+/* Prefix block index: matching semantics (anchored, exact repeat 1.00, partial blocks), LRU
+ * eviction against a brute-force model, caps under random traffic, ancestors outliving tails,
+ * worker removal. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "index/prefix_index.h"
+#include "util/rand.h"
+
+#define B 64
+
+static kvr_prefix_index *mk(size_t max_blocks, size_t worker_blocks)
+{
+    kvr_prefix_index_cfg c = {.block_bytes = B, .max_blocks = max_blocks,
+                              .worker_blocks = worker_blocks};
+    kvr_prefix_index *ix = kvr_prefix_index_create(&c);
+    assert_non_null(ix);
+    return ix;
+}
+
+/* Deterministic pseudo-random text. */
+static void fill(char *p, size_t n, uint64_t seed)
+{
+    for (size_t i = 0; i < n; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        p[i] = (char)('a' + (seed >> 59) % 26);
+    }
+}
+
+static size_t match1(kvr_prefix_index *ix, size_t w, const char *t, size_t n)
+{
+    size_t m;
+    kvr_prefix_index_match(ix, t, n, &w, 1, &m);
+    return m;
+}
+
+static void test_exact_repeat_and_partial(void **state)
+{
+    (void)state;
+    kvr_prefix_index *ix = mk(1000, 0);
+    char t[1000];
+    fill(t, sizeof(t), 1);
+    /* An exact repeat matches 1.00, whether or not the text ends on a block boundary. */
+    assert_int_equal(kvr_prefix_index_insert(ix, 3, t, 1000), 0);
+    assert_int_equal(match1(ix, 3, t, 1000), 1000);
+    assert_int_equal(kvr_prefix_index_insert(ix, 4, t, 640), 0);
+    assert_int_equal(match1(ix, 4, t, 640), 640);
+    /* A held partial block never matches a longer text: 1000 = 15 full blocks + 40 bytes. */
+    char longer[1001];
+    memcpy(longer, t, 1000);
+    longer[1000] = 'x';
+    assert_int_equal(match1(ix, 3, longer, 1001), 960);
+    /* ...nor a shorter one ending inside that block. */
+    assert_int_equal(match1(ix, 3, t, 999), 960);
+    /* A prefix of a held text matches its full blocks. */
+    assert_int_equal(match1(ix, 3, t, 700), 640);
+    assert_int_equal(match1(ix, 3, t, 640), 640);
+    assert_int_equal(match1(ix, 3, t, 63), 0);
+    /* Unknown worker, empty text. */
+    assert_int_equal(match1(ix, 9, t, 1000), 0);
+    assert_int_equal(match1(ix, 3, t, 0), 0);
+    kvr_prefix_index_stats st;
+    kvr_prefix_index_stats_get(ix, &st);
+    assert_int_equal(st.blocks, 16);   /* worker 4's 10 blocks are shared with worker 3's */
+    assert_int_equal(st.holdings, 26);
+    kvr_prefix_index_destroy(ix);
+}
+
+static void test_anchored_at_start(void **state)
+{
+    (void)state;
+    kvr_prefix_index *ix = mk(1000, 0);
+    char t[640], shifted[641];
+    fill(t, sizeof(t), 2);
+    kvr_prefix_index_insert(ix, 1, t, sizeof(t));
+    /* The same bytes one position later share no block key. */
+    shifted[0] = '#';
+    memcpy(shifted + 1, t, sizeof(t));
+    assert_int_equal(match1(ix, 1, shifted, sizeof(shifted)), 0);
+    /* Blocks in another order: only the leading run counts. */
+    char swapped[640];
+    memcpy(swapped, t + 64, 64);
+    memcpy(swapped + 64, t, 64);
+    memcpy(swapped + 128, t + 128, 512);
+    assert_int_equal(match1(ix, 1, swapped, sizeof(swapped)), 0);
+    /* A divergence in block 3 stops the match there, whatever follows. */
+    char div[640];
+    memcpy(div, t, sizeof(t));
+    div[3 * 64 + 5] ^= 1;
+    assert_int_equal(match1(ix, 1, div, sizeof(div)), 3 * 64);
+    kvr_prefix_index_destroy(ix);
+}
+
+static void test_several_workers(void **state)
+{
+    (void)state;
+    kvr_prefix_index *ix = mk(1000, 0);
+    char t[2000];
+    fill(t, sizeof(t), 3);
+    kvr_prefix_index_insert(ix, 0, t, 640);
+    kvr_prefix_index_insert(ix, 1, t, 2000);
+    kvr_prefix_index_insert(ix, 2, t + 1, 500);
+    size_t ws[4] = {2, 1, 0, 5}, m[4];
+    kvr_prefix_index_match(ix, t, 2000, ws, 4, m);
+    assert_int_equal(m[0], 0);
+    assert_int_equal(m[1], 2000);
+    assert_int_equal(m[2], 640);
+    assert_int_equal(m[3], 0);
+    /* Only the workers asked about count. */
+    size_t w0 = 0;
+    kvr_prefix_index_match(ix, t, 2000, &w0, 1, m);
+    assert_int_equal(m[0], 640);
+    kvr_prefix_index_destroy(ix);
+}
+
+/* Reference model: per worker, the list of held keys, most recent first. */
+typedef struct model_w {
+    uint64_t *keys;
+    size_t n, cap;
+} model_w;
+
+static void model_insert(model_w *w, const uint64_t *k, size_t nk)
+{
+    size_t m = nk < w->cap ? nk : w->cap;
+    for (size_t i = m; i-- > 0;) {
+        size_t j;
+        for (j = 0; j < w->n; j++)
+            if (w->keys[j] == k[i])
+                break;
+        if (j == w->n)
+            w->n++;
+        memmove(w->keys + 1, w->keys, j * sizeof(uint64_t));
+        w->keys[0] = k[i];
+    }
+    if (w->n > w->cap)
+        w->n = w->cap;
+}
+
+static size_t model_match(const model_w *w, const uint64_t *k, size_t nk, size_t len)
+{
+    size_t i;
+    for (i = 0; i < nk; i++) {
+        size_t j;
+        for (j = 0; j < w->n; j++)
+            if (w->keys[j] == k[i])
+                break;
+        if (j == w->n)
+            break;
+    }
+    return i * B > len ? len : i * B;
+}
+
+/* Texts built from a small tree of shared prefixes, like conversations sharing system prompts. */
+static size_t make_text(char *buf, uint64_t r)
+{
+    size_t fam = r % 5, conv = (r >> 8) % 40, turns = 1 + (r >> 16) % 6, n = 0;
+    fill(buf, 200 + fam * 37, 100 + fam);          /* family prefix (partial blocks too) */
+    n = 200 + fam * 37;
+    fill(buf + n, 130, 1000 + fam * 100 + conv);   /* the conversation */
+    n += 130;
+    for (size_t t = 0; t < turns; t++) {           /* its turns so far */
+        fill(buf + n, 90, 50000 + conv * 10 + t);
+        n += 90;
+    }
+    return n;
+}
+
+static void test_lru_matches_model(void **state)
+{
+    (void)state;
+    enum { NW = 4, CAP = 60, ROUNDS = 3000 };
+    kvr_rand_seed(7);
+    kvr_prefix_index *ix = mk(1u << 30, CAP);
+    model_w mw[NW];
+    for (int i = 0; i < NW; i++)
+        mw[i] = (model_w){calloc(CAP + 200, sizeof(uint64_t)), 0, CAP};
+    char buf[2000];
+    uint64_t keys[64];
+    size_t ws[NW] = {0, 1, 2, 3}, got[NW];
+    for (int r = 0; r < ROUNDS; r++) {
+        uint64_t x = kvr_rand_u64();
+        size_t n = make_text(buf, x);
+        size_t nk = kvr_prefix_index_block_keys(B, buf, n, keys, 64);
+        size_t w = (x >> 40) % NW;
+        assert_int_equal(kvr_prefix_index_insert(ix, w, buf, n), 0);
+        model_insert(&mw[w], keys, nk);
+        assert_int_equal(kvr_prefix_index_worker_blocks(ix, w), mw[w].n);
+        /* Probe a random text against every worker. */
+        n = make_text(buf, kvr_rand_u64());
+        nk = kvr_prefix_index_block_keys(B, buf, n, keys, 64);
+        kvr_prefix_index_match(ix, buf, n, ws, NW, got);
+        for (int i = 0; i < NW; i++)
+            assert_int_equal(got[i], model_match(&mw[i], keys, nk, n));
+    }
+    kvr_prefix_index_stats st;
+    kvr_prefix_index_stats_get(ix, &st);
+    assert_true(st.evictions > 0);
+    for (int i = 0; i < NW; i++)
+        free(mw[i].keys);
+    kvr_prefix_index_destroy(ix);
+}
+
+static void test_growth_keeps_lru(void **state)
+{
+    (void)state;
+    /* Enough blocks to force several table rebuilds; the LRU order must survive them. */
+    kvr_prefix_index *ix = mk(1u << 30, 20000);
+    static char buf[64 * 1000];
+    for (int r = 0; r < 40; r++) {
+        fill(buf, sizeof(buf), 77 + r);
+        kvr_prefix_index_insert(ix, 1, buf, sizeof(buf)); /* 1000 blocks each */
+    }
+    kvr_prefix_index_stats st;
+    kvr_prefix_index_stats_get(ix, &st);
+    assert_int_equal(st.holdings, 20000);
+    assert_true(st.table_slots >= 20000);
+    assert_true(st.holdings * 10 <= st.table_slots * 9 + 9);
+    /* The 20 most recent texts are held in full, the 20 oldest are gone. */
+    for (int r = 0; r < 40; r++) {
+        fill(buf, sizeof(buf), 77 + r);
+        assert_int_equal(match1(ix, 1, buf, sizeof(buf)), r >= 20 ? sizeof(buf) : 0);
+    }
+    kvr_prefix_index_destroy(ix);
+}
+
+static void test_caps_under_random_traffic(void **state)
+{
+    (void)state;
+    enum { NW = 8, MAXB = 700, WCAP = 250 };
+    kvr_rand_seed(11);
+    kvr_prefix_index *ix = mk(MAXB, WCAP);
+    kvr_prefix_index_set_worker_capacity(ix, 5, 40);
+    char buf[4000];
+    for (int r = 0; r < 20000; r++) {
+        uint64_t x = kvr_rand_u64();
+        size_t n;
+        if (x % 10 == 0) {           /* now and then a long unique text */
+            n = 1000 + x % 3000;
+            fill(buf, n, x);
+        } else {
+            n = make_text(buf, x);
+        }
+        size_t w = (x >> 32) % NW;
+        assert_int_equal(kvr_prefix_index_insert(ix, w, buf, n), 0);
+        kvr_prefix_index_stats st;
+        kvr_prefix_index_stats_get(ix, &st);
+        assert_true(st.blocks <= MAXB);
+        assert_true(st.holdings <= NW * WCAP);
+        for (size_t i = 0; i < NW; i++)
+            assert_true(kvr_prefix_index_worker_blocks(ix, i) <= (i == 5 ? 40 : WCAP));
+        if (r == 19999)
+            print_message("blocks %zu holdings %zu evictions %llu memory %zu bytes\n",
+                          st.blocks, st.holdings, (unsigned long long)st.evictions,
+                          st.memory_bytes);
+    }
+    /* Counters stayed consistent: dropping every worker leaves nothing. */
+    for (size_t i = 0; i < NW; i++)
+        kvr_prefix_index_forget_worker(ix, i);
+    kvr_prefix_index_stats st;
+    kvr_prefix_index_stats_get(ix, &st);
+    assert_int_equal(st.blocks, 0);
+    assert_int_equal(st.holdings, 0);
+    kvr_prefix_index_destroy(ix);
+}
+
+static void test_ancestors_outlive_tails(void **state)
+{
+    (void)state;
+    kvr_prefix_index *ix = mk(1000, 12);
+    char p[256 + 256];
+    fill(p, sizeof(p), 5);          /* shared prefix: 4 blocks, then a 4-block tail */
+    kvr_prefix_index_insert(ix, 1, p, sizeof(p));
+    /* 30 other tails on the same prefix, 4 blocks each: the cap (12) keeps the prefix and the
+     * most recent tails; the oldest tails lose their deepest blocks first. */
+    for (int i = 0; i < 30; i++) {
+        fill(p + 256, 256, 1000 + i);
+        kvr_prefix_index_insert(ix, 1, p, sizeof(p));
+        assert_true(kvr_prefix_index_worker_blocks(ix, 1) <= 12);
+        assert_int_equal(match1(ix, 1, p, 256), 256);           /* prefix always held */
+        assert_int_equal(match1(ix, 1, p, sizeof(p)), sizeof(p)); /* newest tail in full */
+    }
+    /* The tail touched before the newest is partly gone, deepest blocks first: with 12 blocks =
+     * 4 prefix + 4 newest tail + 4 more, the previous tail is intact; older ones are gone. */
+    fill(p + 256, 256, 1000 + 28);
+    assert_int_equal(match1(ix, 1, p, sizeof(p)), sizeof(p));
+    fill(p + 256, 256, 1000 + 27);
+    assert_int_equal(match1(ix, 1, p, sizeof(p)), 256);
+    /* Under pressure a text loses its last block, never its first: a text's root is more
+     * recent than its tail, so what remains is still a usable prefix. */
+    kvr_prefix_index_destroy(ix);
+    ix = mk(1000, 7);
+    char x[320], y[192];
+    fill(x, sizeof(x), 20);
+    kvr_prefix_index_insert(ix, 1, x, sizeof(x)); /* 5 blocks */
+    fill(y, sizeof(y), 21);
+    kvr_prefix_index_insert(ix, 1, y, sizeof(y)); /* 3 more: one eviction */
+    assert_int_equal(match1(ix, 1, x, sizeof(x)), 256);
+    assert_int_equal(match1(ix, 1, y, sizeof(y)), 192);
+    /* Re-sending a text that is the worker's least recent: its own blocks are kept (not
+     * evicted and re-added); exactly one other block makes room for the new one. */
+    kvr_prefix_index_destroy(ix);
+    ix = mk(1000, 3);
+    char k3[192], y1[64];
+    fill(k3, sizeof(k3), 30);
+    fill(y1, sizeof(y1), 31);
+    kvr_prefix_index_insert(ix, 1, k3, 128);
+    kvr_prefix_index_insert(ix, 1, y1, 64);
+    kvr_prefix_index_insert(ix, 1, k3, 192);
+    kvr_prefix_index_stats st;
+    kvr_prefix_index_stats_get(ix, &st);
+    assert_int_equal(st.evictions, 1);
+    assert_int_equal(match1(ix, 1, k3, 192), 192);
+    assert_int_equal(match1(ix, 1, y1, 64), 0);
+    /* Using a prefix again keeps it alive against newer unrelated text. */
+    kvr_prefix_index_destroy(ix);
+    ix = mk(1000, 10);
+    char a[320], other[320];
+    fill(a, sizeof(a), 9);                      /* 5 blocks */
+    kvr_prefix_index_insert(ix, 1, a, 320);
+    fill(other, sizeof(other), 10);
+    kvr_prefix_index_insert(ix, 1, other, 320); /* 10 blocks held: full */
+    kvr_prefix_index_insert(ix, 1, a, 128);     /* touch a's first 2 blocks (and ancestors) */
+    fill(other, sizeof(other), 11);
+    kvr_prefix_index_insert(ix, 1, other, 192); /* 3 new blocks: evicts 3 LRU blocks */
+    /* a's last 3 blocks were older than its touched first 2, and the evictions took the
+     * deepest ones; the first "other" text lost nothing yet... */
+    assert_int_equal(match1(ix, 1, a, 320), 128);
+    fill(other, sizeof(other), 10);
+    assert_int_equal(match1(ix, 1, other, 320), 320);
+    kvr_prefix_index_destroy(ix);
+}
+
+static void test_forget_worker_and_capacity(void **state)
+{
+    (void)state;
+    kvr_prefix_index *ix = mk(1000, 0);
+    char t[1280];
+    fill(t, sizeof(t), 6);
+    kvr_prefix_index_insert(ix, 1, t, sizeof(t));
+    kvr_prefix_index_insert(ix, 2, t, sizeof(t));
+    kvr_prefix_index_stats st;
+    kvr_prefix_index_stats_get(ix, &st);
+    assert_int_equal(st.blocks, 20);
+    assert_int_equal(st.holdings, 40);
+    assert_int_equal(kvr_prefix_index_forget_worker(ix, 1), 20);
+    assert_int_equal(match1(ix, 1, t, sizeof(t)), 0);
+    assert_int_equal(match1(ix, 2, t, sizeof(t)), sizeof(t));
+    kvr_prefix_index_stats_get(ix, &st);
+    assert_int_equal(st.blocks, 20);                /* still held by worker 2 */
+    assert_int_equal(st.holdings, 20);
+    assert_int_equal(st.forgotten, 20);
+    assert_int_equal(st.evictions, 0);
+    assert_int_equal(kvr_prefix_index_forget_worker(ix, 1), 0);
+    /* Lowering a cap evicts at once, least recent first (the tail of the text). */
+    assert_int_equal(kvr_prefix_index_set_worker_capacity(ix, 2, 5), 0);
+    assert_int_equal(kvr_prefix_index_worker_blocks(ix, 2), 5);
+    assert_int_equal(kvr_prefix_index_worker_capacity(ix, 2), 5);
+    assert_int_equal(match1(ix, 2, t, sizeof(t)), 5 * 64);
+    /* The cap never exceeds the global one; 0 restores the default. */
+    kvr_prefix_index_set_worker_capacity(ix, 2, 5000);
+    assert_int_equal(kvr_prefix_index_worker_capacity(ix, 2), 1000);
+    kvr_prefix_index_set_worker_capacity(ix, 2, 0);
+    assert_int_equal(kvr_prefix_index_worker_capacity(ix, 2), 1000);
+    /* A text longer than the cap keeps its first blocks. */
+    kvr_prefix_index_set_worker_capacity(ix, 3, 4);
+    kvr_prefix_index_insert(ix, 3, t, sizeof(t));
+    assert_int_equal(match1(ix, 3, t, sizeof(t)), 4 * 64);
+    assert_int_equal(kvr_prefix_index_forget_worker(ix, 2), 5);
+    assert_int_equal(kvr_prefix_index_forget_worker(ix, 3), 4);
+    kvr_prefix_index_stats_get(ix, &st);
+    assert_int_equal(st.blocks, 0);
+    /* Out-of-range worker ids are refused, not crashed on. */
+    assert_int_equal(kvr_prefix_index_insert(ix, KVR_PREFIX_INDEX_MAX_WORKER_ID, t, 10), -1);
+    kvr_prefix_index_destroy(ix);
+}
+
+static void test_global_cap_shared(void **state)
+{
+    (void)state;
+    /* The global cap counts distinct keys: the same text on 3 workers is 10 blocks, not 30. */
+    kvr_prefix_index *ix = mk(10, 0);
+    char t[640], u[640];
+    fill(t, sizeof(t), 8);
+    for (size_t w = 0; w < 3; w++)
+        kvr_prefix_index_insert(ix, w, t, sizeof(t));
+    kvr_prefix_index_stats st;
+    kvr_prefix_index_stats_get(ix, &st);
+    assert_int_equal(st.blocks, 10);
+    assert_int_equal(st.evictions, 0);
+    /* A new text needs room: the biggest holders give up their least recent blocks. */
+    fill(u, sizeof(u), 9);
+    kvr_prefix_index_insert(ix, 0, u, 320);
+    kvr_prefix_index_stats_get(ix, &st);
+    assert_true(st.blocks <= 10);
+    assert_int_equal(match1(ix, 0, u, 320), 320);
+    kvr_prefix_index_destroy(ix);
+}
+
+static void test_kv_tokens_conversion(void **state)
+{
+    (void)state;
+    /* 1,000 vLLM blocks of 16 tokens = 16,000 tokens ≈ 64,000 bytes = 1,000 64-byte blocks. */
+    assert_int_equal(kvr_prefix_index_blocks_for_kv_tokens(16000, 64), 1000);
+    assert_int_equal(kvr_prefix_index_blocks_for_kv_tokens(-1, 64), 0);
+    assert_int_equal(kvr_prefix_index_blocks_for_kv_tokens(1, 64), 1);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_exact_repeat_and_partial),
+        cmocka_unit_test(test_anchored_at_start),
+        cmocka_unit_test(test_several_workers),
+        cmocka_unit_test(test_lru_matches_model),
+        cmocka_unit_test(test_growth_keeps_lru),
+        cmocka_unit_test(test_caps_under_random_traffic),
+        cmocka_unit_test(test_ancestors_outlive_tails),
+        cmocka_unit_test(test_forget_worker_and_capacity),
+        cmocka_unit_test(test_global_cap_shared),
+        cmocka_unit_test(test_kv_tokens_conversion),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
