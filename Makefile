@@ -4,7 +4,7 @@ CC      ?= gcc
 BUILD   ?= build
 PKGS    := libuv libcurl jansson yaml-0.1 libzmq msgpack libxxhash
 CFLAGS  ?= -O2 -g
-CFLAGS  += -std=c17 -D_GNU_SOURCE -Wall -Wextra -Werror -Isrc $(shell pkg-config --cflags $(PKGS))
+KVR_CFLAGS := -std=c17 -D_GNU_SOURCE -Wall -Wextra -Werror -Isrc $(shell pkg-config --cflags $(PKGS))
 LDLIBS  := $(shell pkg-config --libs $(PKGS)) -lhttp_parser -lm -lpthread
 
 LIB_SRCS   := $(filter-out src/main.c,$(shell find src -name '*.c' | sort))
@@ -23,36 +23,36 @@ all: $(PROGS) $(UNIT_BINS)
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+	$(CC) $(KVR_CFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
 
 $(BUILD)/libkvr.a: $(LIB_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
 
 $(BUILD)/kvroute: $(BUILD)/obj/src/main.o $(BUILD)/libkvr.a
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) $(KVR_CFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
 $(BUILD)/kvroute-sim: $(SIM_OBJS) $(BUILD)/libkvr.a
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) $(KVR_CFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
 $(BUILD)/kvroute-bench: $(BENCH_OBJS) $(BUILD)/libkvr.a
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) $(KVR_CFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 # Unit tests: one binary per tests/unit/test_<module>.c, linked with the library (and, for
 # tests/unit/test_sim_*.c, the simulator's objects except its main).
 $(BUILD)/tests/test_sim_%: tests/unit/test_sim_%.c $(filter-out $(BUILD)/obj/sim/main.o,$(SIM_OBJS)) $(BUILD)/libkvr.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Isim -o $@ $^ $(LDLIBS) -lcmocka
+	$(CC) $(KVR_CFLAGS) $(CFLAGS) -Isim -o $@ $^ $(LDLIBS) -lcmocka
 $(BUILD)/tests/test_bench_%: tests/unit/test_bench_%.c $(filter-out $(BUILD)/obj/bench/main.o,$(BENCH_OBJS)) $(BUILD)/libkvr.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Ibench -o $@ $^ $(LDLIBS) -lcmocka
+	$(CC) $(KVR_CFLAGS) $(CFLAGS) -Ibench -o $@ $^ $(LDLIBS) -lcmocka
 $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libkvr.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) -lcmocka
+	$(CC) $(KVR_CFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS) -lcmocka
 
 unit: $(UNIT_BINS)
 	@set -e; for t in $(UNIT_BINS); do echo "== $$t"; $$t; done
 
 e2e: $(PROGS)
-	KVROUTE_BUILD=$(abspath $(BUILD)) timeout 1200 python3 -m pytest -q -x tests/e2e
+	KVROUTE_BUILD=$(abspath $(BUILD)) timeout 1200 /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/e2e
 
 test: all
 	$(MAKE) unit

@@ -6,6 +6,7 @@
 local mode = os.getenv("MODE") or "shared"
 local bytes = tonumber(os.getenv("PROMPT_BYTES") or "8192")
 local max_tokens = tonumber(os.getenv("MAX_TOKENS") or "16")
+local stream = os.getenv("STREAM") == "1"  -- SSE with a usage chunk instead of one JSON body
 local words = {"the", "router", "sends", "each", "request", "to", "a", "worker", "that",
                "holds", "its", "prefix", "in", "cache", "and", "keeps", "sessions", "sticky"}
 local parts, n, i = {}, 0, 0
@@ -37,6 +38,7 @@ function request()
     content = body_text .. " " .. tag
   end
   local body = '{"model":"sim","max_tokens":' .. max_tokens ..
+      (stream and ',"stream":true,"stream_options":{"include_usage":true}' or '') ..
       ',"messages":[{"role":"system","content":"You are a helpful assistant."},' ..
       '{"role":"user","content":"' .. content .. '"}]}'
   return wrk.format(nil, nil, nil, body)

@@ -149,13 +149,14 @@ wait_http() {
 }
 
 # start_sim NAME KV_BLOCKS SEED [extra args…]: starts one worker; sets SIM_PID and SIM_URL.
+# The sim's time scale is $SIM_TIME_SCALE when set, else $TIME_SCALE.
 start_sim() {
-    local name=$1 blocks=$2 seed=$3 port try
+    local name=$1 blocks=$2 seed=$3 port try ts=${SIM_TIME_SCALE:-$TIME_SCALE}
     shift 3
     for try in 1 2 3; do
         port=$(free_port)
         "$BUILD/kvroute-sim" --port "$port" --model "$MODEL" --kv-blocks "$blocks" \
-            --block-size "$BLOCK_SIZE" --time-scale "$TIME_SCALE" --seed "$seed" \
+            --block-size "$BLOCK_SIZE" --time-scale "$ts" --seed "$seed" \
             ${SIM_EXTRA[@]+"${SIM_EXTRA[@]}"} "$@" >"$WORK/$name.log" 2>&1 &
         SIM_PID=$!
         PIDS+=("$SIM_PID")
@@ -232,21 +233,15 @@ replay() {
 echo "compare.sh: $FORMAT trace $TRACE, $WORKERS workers x $KV_BLOCKS blocks of $BLOCK_SIZE tokens, time scale $TIME_SCALE, ${MODE_ARGS[*]}" >&2
 
 # Sims of the fleet get the same seeds in every run, so runs differ only by the policy.
-SIM_HELP=$("$BUILD/kvroute-sim" --help 2>&1 || true)
-
 if [ "$BOUND" = 1 ]; then
-    # One worker with the whole fleet's KV capacity. When the simulator has the flags, it also
-    # gets the fleet's compute (batch slots and tokens per step), so the bound is not slowed by
-    # queueing that a real fleet would not see.
-    extra=()
-    if grep -q -- '--max-num-seqs' <<<"$SIM_HELP" && grep -q -- '--max-num-batched-tokens' <<<"$SIM_HELP"; then
-        seqs=$(sed -n 's/.*--max-num-seqs[^0-9]*default[^0-9]*\([0-9][0-9]*\).*/\1/p' <<<"$SIM_HELP" | head -1)
-        toks=$(sed -n 's/.*--max-num-batched-tokens[^0-9]*default[^0-9]*\([0-9][0-9]*\).*/\1/p' <<<"$SIM_HELP" | head -1)
-        [ -n "$seqs" ] && extra+=(--max-num-seqs $((seqs * WORKERS)))
-        [ -n "$toks" ] && extra+=(--max-num-batched-tokens $((toks * WORKERS)))
-    fi
+    # One worker with the whole fleet's KV capacity, and its compute too: the fleet's batch
+    # slots and tokens per step (kvroute-sim's defaults 256 and 8192, times the workers) at a
+    # time scale divided by the workers, so it serves the fleet's load without the queueing
+    # one small worker would add (queued requests hold KV blocks and would lower the bound).
+    extra=(--max-num-seqs $((256 * WORKERS)) --max-num-batched-tokens $((8192 * WORKERS)))
+    BOUND_TIME_SCALE=$(python3 -c "print($TIME_SCALE / $WORKERS)")
     echo "compare.sh: pooled bound: one kvroute-sim with $((WORKERS * KV_BLOCKS)) blocks ${extra[*]}" >&2
-    start_sim bound $((WORKERS * KV_BLOCKS)) "$SEED" ${extra[@]+"${extra[@]}"}
+    SIM_TIME_SCALE=$BOUND_TIME_SCALE start_sim bound $((WORKERS * KV_BLOCKS)) "$SEED" "${extra[@]}"
     replay bound "$SIM_URL"
     scrape "$SIM_URL" >"$WORK/bound.metrics"
     stop_pids "$SIM_PID"

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "jsonread.h"
 #include "template.h"
 #include "tokenizer.h"
 #include "util/log.h"
@@ -410,7 +411,7 @@ static json_t *parse_body(kvr_http_req *req)
     size_t len;
     const char *body = kvr_http_req_body(req, &len);
     json_error_t jerr;
-    json_t *j = json_loadb(body, len, 0, &jerr);
+    json_t *j = kvr_sim_json_read(body, len, &jerr); /* = json_loadb(…, 0, …), ~10× faster */
     if (!j) {
         char msg[256];
         snprintf(msg, sizeof(msg), "invalid JSON body: %s (line %d, column %d)", jerr.text,
@@ -532,14 +533,18 @@ static void completions(kvr_sim_api *api, kvr_http_req *req, int chat)
     r->include_usage = json_is_true(json_object_get(json_object_get(j, "stream_options"),
                                                     "include_usage"));
     r->xrid = xrid && *xrid ? strdup(xrid) : NULL;
-    r->arrival_ns = kvr_http_req_start_ns(req);
-    if (!r->arrival_ns)
-        r->arrival_ns = kvr_now_ns();
+    /* TTFT and e2e count from the complete request, like vLLM's arrival_time (a slow client
+     * body upload is not the engine's latency) */
+    r->arrival_ns = kvr_now_ns();
     r->created = kvr_unix_time();
     kvr_buf_init(&r->text, 0);
-    uint64_t idv = api->cfg.seed ^ (++api->next_id * 0x9e3779b97f4a7c15ull);
+    /* ids: unique per process, reproducible with --seed (splitmix64 of a counter) */
+    uint64_t z = api->cfg.seed + ++api->next_id * 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
     snprintf(r->id, sizeof(r->id), "%s%016llx%08llx", chat ? "chatcmpl-" : "cmpl-",
-             (unsigned long long)idv, (unsigned long long)api->next_id);
+             (unsigned long long)z, (unsigned long long)api->next_id);
     r->fail = kvr_sim_faults_should_fail(api->faults);
     kvr_http_req_cbs cbs = {NULL, on_client_gone};
     kvr_http_req_set_cbs(req, &cbs, r);

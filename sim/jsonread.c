@@ -134,7 +134,7 @@ static size_t put_utf8(char *o, uint32_t cp)
     return 4;
 }
 
-/* Reads a string (r->p at the opening quote). Sets *s/*n to its decoded bytes, which point
+/* Reads a string (r->p at the opening quote). Sets *s and *n to its decoded bytes, which point
  * into the input when it has no escapes, else into r->tmp (valid until the next string). */
 static int string(rd *r, const char **s, size_t *n)
 {
@@ -147,6 +147,10 @@ static int string(rd *r, const char **s, size_t *n)
             memcpy(&v, p, 8);
             if (special8(v))
                 break;
+            if (o) {
+                memcpy(o, p, 8);
+                o += 8;
+            }
             p += 8;
         }
         if (p >= end)

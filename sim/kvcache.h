@@ -42,11 +42,14 @@ typedef struct kvr_sim_kv_sink {
 /** Creates a pool of `nblocks` (>= 1) blocks of `block_size` (>= 1) tokens. `hash_seed` seeds
  *  the hash of the empty prefix (vLLM's NONE_HASH, from PYTHONHASHSEED). NULL on OOM. */
 kvr_sim_kv *kvr_sim_kv_new(uint32_t nblocks, uint32_t block_size, uint64_t hash_seed);
+/** Frees the pool (NULL is fine). Blocks still held by sequences are simply forgotten. */
 void kvr_sim_kv_free_pool(kvr_sim_kv *kv);
 /** Sets the event sink (copied); a zeroed sink turns events off. */
 void kvr_sim_kv_set_sink(kvr_sim_kv *kv, const kvr_sim_kv_sink *sink);
 
+/** Tokens per block. */
 uint32_t kvr_sim_kv_block_size(const kvr_sim_kv *kv);
+/** Capacity in blocks (vllm:cache_config_info's num_gpu_blocks). */
 uint32_t kvr_sim_kv_num_blocks(const kvr_sim_kv *kv);
 /** Blocks in the free queue (never used, cached-and-evictable, or plain free). */
 uint32_t kvr_sim_kv_num_free(const kvr_sim_kv *kv);
@@ -63,6 +66,7 @@ uint64_t kvr_sim_kv_evictions(const kvr_sim_kv *kv);
  *  kvr_sim_kv_root_hash() as the parent of block 0. XXH3-64 of the token ids (native u32s)
  *  seeded with the parent. */
 uint64_t kvr_sim_kv_hash_block(const kvr_sim_kv *kv, uint64_t parent, const uint32_t *tokens);
+/** The parent hash of block 0 (vLLM's NONE_HASH), derived from the pool's hash_seed. */
 uint64_t kvr_sim_kv_root_hash(const kvr_sim_kv *kv);
 
 /** Longest cached leading run: for i = 0.. while hashes[i] is cached, stores one block holding

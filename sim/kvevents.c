@@ -277,8 +277,9 @@ static void on_router(uv_poll_t *h, int status, int events)
     (void)status;
     (void)events;
     kvr_sim_events *ev = h->data;
-    /* ZMQ_FD is edge-like: drain while ZMQ_EVENTS says POLLIN (sends can consume the edge). */
-    for (int guard = 0; guard < 64; guard++) {
+    /* ZMQ_FD is edge-like: drain until ZMQ_EVENTS no longer says POLLIN (our own sends can
+     * consume the edge of a request that arrived meanwhile, so re-check after serving). */
+    for (;;) {
         int zev = 0;
         size_t sz = sizeof(zev);
         if (zmq_getsockopt(ev->router, ZMQ_EVENTS, &zev, &sz) < 0 || !(zev & ZMQ_POLLIN))

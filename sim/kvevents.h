@@ -41,8 +41,9 @@ typedef struct kvr_sim_evbatch {
 } kvr_sim_evbatch;
 
 /** Starts an empty batch; `map` selects the map encoding. `cap_bytes` caps the encoded size
- *  (0 = unlimited); events that do not fit are dropped and counted in *dropped of finish. */
+ *  (0 = unlimited); an event that does not fit is not added (its append returns -1). */
 void kvr_sim_evbatch_init(kvr_sim_evbatch *b, int map, size_t cap_bytes);
+/** Frees the encoded bytes; the batch is empty and reusable after kvr_sim_evbatch_init(). */
 void kvr_sim_evbatch_free(kvr_sim_evbatch *b);
 /** Appends a BlockStored (fields as in the file comment). Returns 0 or -1 (cap/OOM). */
 int kvr_sim_evbatch_stored(kvr_sim_evbatch *b, const uint64_t *hashes, size_t n, int has_parent,

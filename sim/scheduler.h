@@ -101,18 +101,23 @@ uint64_t kvr_sim_seq_gen_seed(const kvr_sim_seq *seq);
 /** Manual mode (loop NULL): schedules and completes one step. Returns the number of sequences
  *  that ran in it (0 when idle). The step's model cost is kvr_sim_sched_last_cost_us(). */
 size_t kvr_sim_sched_step(kvr_sim_sched *s);
+/** Model cost of the last scheduled step, µs (before time_scale). */
 double kvr_sim_sched_last_cost_us(const kvr_sim_sched *s);
 /** Model clock: the sum of all step costs so far, µs (independent of time_scale). */
 double kvr_sim_sched_model_us(const kvr_sim_sched *s);
 
-/** Gauges and counters for /metrics. */
+/** Sequences running (admitted, holding blocks): vllm:num_requests_running. */
 size_t kvr_sim_sched_num_running(const kvr_sim_sched *s);
+/** Sequences waiting for admission (new or preempted): vllm:num_requests_waiting. */
 size_t kvr_sim_sched_num_waiting(const kvr_sim_sched *s);
 /** Prefix-cache queries and hits in tokens, counted once per request at first admission
  *  (vllm:prefix_cache_queries / _hits). */
 uint64_t kvr_sim_sched_cache_queries(const kvr_sim_sched *s);
+/** See kvr_sim_sched_cache_queries(). */
 uint64_t kvr_sim_sched_cache_hits(const kvr_sim_sched *s);
+/** Preemptions so far (vllm:num_preemptions). */
 uint64_t kvr_sim_sched_preemptions(const kvr_sim_sched *s);
+/** Steps completed so far. */
 uint64_t kvr_sim_sched_steps(const kvr_sim_sched *s);
 
 #endif

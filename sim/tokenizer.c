@@ -57,6 +57,34 @@ void kvr_sim_toks_push(kvr_sim_toks *t, uint32_t id)
     t->ids[t->len++] = id;
 }
 
+void kvr_sim_toks_append(kvr_sim_toks *t, const uint32_t *ids, size_t n)
+{
+    size_t room = n;
+    if (t->max)
+        room = t->len >= t->max ? 0 : (t->max - t->len < n ? t->max - t->len : n);
+    if (t->oom)
+        room = 0;
+    if (room && t->len + room > t->cap) {
+        size_t c = t->cap ? t->cap : 1024;
+        while (c < t->len + room)
+            c *= 2;
+        if (t->max && c > t->max)
+            c = t->max;
+        uint32_t *p = realloc(t->ids, c * sizeof(*p));
+        if (!p) {
+            t->oom = 1;
+            room = 0;
+        } else {
+            t->ids = p;
+            t->cap = c;
+        }
+    }
+    if (room)
+        memcpy(t->ids + t->len, ids, room * sizeof(*ids));
+    t->len += room;
+    t->total += n;
+}
+
 void kvr_sim_toks_free(kvr_sim_toks *t)
 {
     free(t->ids);
@@ -72,10 +100,8 @@ uint32_t *kvr_sim_toks_take(kvr_sim_toks *t)
     return p;
 }
 
-uint32_t kvr_sim_piece_id(const char *piece, size_t len)
+static inline uint32_t id_of(uint64_t v, size_t len)
 {
-    uint64_t v = 0;
-    memcpy(&v, piece, len > 8 ? 8 : len);
     /* splitmix64's finaliser over bytes and length: cheap and well mixed for tiny inputs. */
     uint64_t z = v ^ ((uint64_t)len * 0x9e3779b97f4a7c15ull);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -84,14 +110,59 @@ uint32_t kvr_sim_piece_id(const char *piece, size_t len)
     return (uint32_t)(((z >> 32) * KVR_SIM_TOK_FIRST_SPECIAL) >> 32);
 }
 
-/* Emits [p, p+n) as pieces of at most `k` bytes. */
-static void emit_run(kvr_sim_toks *out, const char *p, size_t n, size_t k)
+/* The piece's bytes as a little-endian integer (the definition of a piece's value). */
+static inline uint64_t load_slow(const unsigned char *p, size_t len)
+{
+    uint64_t v = 0;
+    for (size_t k = 0; k < len && k < 8; k++)
+        v |= (uint64_t)p[k] << (8 * k);
+    return v;
+}
+
+uint32_t kvr_sim_piece_id(const char *piece, size_t len)
+{
+    return id_of(load_slow((const unsigned char *)piece, len), len);
+}
+
+/* Same value as load_slow(), with one unaligned load when 8 bytes are readable. */
+static inline uint64_t load(const char *p, size_t len, size_t avail)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    if (avail >= 8) {
+        uint64_t v;
+        memcpy(&v, p, 8);
+        return len >= 8 ? v : v & ((1ull << (8 * len)) - 1);
+    }
+#else
+    (void)avail;
+#endif
+    return load_slow((const unsigned char *)p, len);
+}
+
+/* Ids are produced into a small local batch and appended in bulk. */
+typedef struct batch {
+    uint32_t ids[256];
+    size_t n;
+    kvr_sim_toks *out;
+} batch;
+
+static inline void flush(batch *b)
+{
+    kvr_sim_toks_append(b->out, b->ids, b->n);
+    b->n = 0;
+}
+
+/* Emits [p, p+n) as pieces of at most `k` bytes; `avail` bytes are readable from p. */
+static inline void emit_run(batch *b, const char *p, size_t n, size_t k, size_t avail)
 {
     while (n) {
         size_t m = n < k ? n : k;
-        kvr_sim_toks_push(out, kvr_sim_piece_id(p, m));
+        if (b->n == sizeof(b->ids) / sizeof(*b->ids))
+            flush(b);
+        b->ids[b->n++] = id_of(load(p, m, avail), m);
         p += m;
         n -= m;
+        avail -= m;
     }
 }
 
@@ -99,6 +170,9 @@ void kvr_sim_tokenize(kvr_sim_toks *out, const char *text, size_t len)
 {
     if (!cls_ready)
         init_cls();
+    batch bt;
+    bt.n = 0;
+    bt.out = out;
     const unsigned char *s = (const unsigned char *)text;
     size_t i = 0;
     while (i < len) {
@@ -112,12 +186,12 @@ void kvr_sim_tokenize(kvr_sim_toks *out, const char *text, size_t len)
                 /* GPT-2's `\s+(?!\S)`: the last space of a run before a word or punctuation
                  * belongs to that word; the rest of the run is whitespace pieces. */
                 if (j - 1 > start)
-                    emit_run(out, text + start, j - 1 - start, SPACE_PIECE);
+                    emit_run(&bt, text + start, j - 1 - start, SPACE_PIECE, len - start);
                 start = j - 1;
                 c = cls[s[j]];
                 i = j + 1;
             } else {
-                emit_run(out, text + start, j - start, SPACE_PIECE);
+                emit_run(&bt, text + start, j - start, SPACE_PIECE, len - start);
                 i = j;
                 continue;
             }
@@ -128,17 +202,18 @@ void kvr_sim_tokenize(kvr_sim_toks *out, const char *text, size_t len)
         if (c == C_LETTER) {
             while (i < len && cls[s[i]] == C_LETTER)
                 i++;
-            emit_run(out, text + start, i - start, WORD_PIECE);
+            emit_run(&bt, text + start, i - start, WORD_PIECE, len - start);
         } else if (c == C_DIGIT) {
             while (i < len && cls[s[i]] == C_DIGIT)
                 i++;
-            emit_run(out, text + start, i - start, DIGIT_PIECE);
+            emit_run(&bt, text + start, i - start, DIGIT_PIECE, len - start);
         } else {
             while (i < len && cls[s[i]] == C_OTHER)
                 i++;
-            emit_run(out, text + start, i - start, PUNCT_PIECE);
+            emit_run(&bt, text + start, i - start, PUNCT_PIECE, len - start);
         }
     }
+    flush(&bt);
 }
 
 /* Short words only: with a leading space each is one piece (<= WORD_PIECE bytes). */

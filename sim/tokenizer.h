@@ -41,6 +41,8 @@ typedef struct kvr_sim_toks {
 void kvr_sim_toks_init(kvr_sim_toks *t, size_t max);
 /** Appends one id (see the struct for what happens past `max` or on OOM). */
 void kvr_sim_toks_push(kvr_sim_toks *t, uint32_t id);
+/** Appends `n` ids at once (same cap rules as kvr_sim_toks_push). */
+void kvr_sim_toks_append(kvr_sim_toks *t, const uint32_t *ids, size_t n);
 /** Frees the ids; the vector is empty afterwards. */
 void kvr_sim_toks_free(kvr_sim_toks *t);
 /** Moves the ids out: returns the array (caller frees with free()) and empties `t`. */

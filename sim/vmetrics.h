@@ -29,6 +29,8 @@ typedef struct kvr_sim_vmetrics kvr_sim_vmetrics;
  *  from `sched` and `kv` at each render. NULL on OOM. */
 kvr_sim_vmetrics *kvr_sim_vmetrics_new(kvr_metrics *reg, const char *model, kvr_sim_sched *sched,
                                        kvr_sim_kv *kv);
+/** Frees `vm` (NULL is fine); call after the registry has rendered for the last time, since
+ *  the render hook points at it. */
 void kvr_sim_vmetrics_free(kvr_sim_vmetrics *vm);
 
 /** A request produced its first token: TTFT and queue time in seconds, its prompt length

@@ -5,16 +5,21 @@
 #include <string.h>
 #include <uv.h>
 
+#include "api/admin.h"
 #include "api/router.h"
 #include "app/app.h"
 #include "util/log.h"
 #include "util/rand.h"
 #include "util/time.h"
+#include "routing/policies.h"
+#include "routing/policy_cache_aware.h"
 #include "workers/health.h"
+#include "workers/scrape.h"
 
 static kvr_app g_app;
 static uv_signal_t g_sigterm, g_sigint;
-static uv_timer_t g_drain_timer;
+static uv_timer_t g_drain_timer, g_sweep_timer;
+static kvr_http_server *g_admin;
 static uint64_t g_drain_deadline_ms;
 
 static void shutdown_all(void)
@@ -22,6 +27,11 @@ static void shutdown_all(void)
     kvr_app *app = &g_app;
     uv_timer_stop(&g_drain_timer);
     uv_close((uv_handle_t *)&g_drain_timer, NULL);
+    uv_timer_stop(&g_sweep_timer);
+    uv_close((uv_handle_t *)&g_sweep_timer, NULL);
+    kvr_scrape_stop(app);
+    if (g_admin)
+        kvr_http_server_close(g_admin, NULL, NULL);
     uv_close((uv_handle_t *)&g_sigterm, NULL);
     uv_close((uv_handle_t *)&g_sigint, NULL);
     kvr_health_stop(app);
@@ -40,6 +50,15 @@ static void drain_tick(uv_timer_t *t)
             KVR_INFO("msg=\"drained\"");
         shutdown_all();
     }
+}
+
+/* Expired sessions are dropped lazily on lookup; this bounds how long dead ones hold memory. */
+static void sweep_tick(uv_timer_t *t)
+{
+    (void)t;
+    if (g_app.policy_ops == &kvr_policy_cache_aware)
+        kvr_cache_aware_sweep(g_app.policy, 10000);
+    kvr_session_map_sweep(g_app.response_pins, kvr_now_ms(), 10000);
 }
 
 static void on_signal(uv_signal_t *s, int signum)
@@ -85,6 +104,17 @@ int main(int argc, char **argv)
     }
     if (app->cfg.seed)
         kvr_rand_seed(app->cfg.seed);
+    kvr_session_sources_default(&app->session_sources);
+    if (app->cfg.session_keys &&
+        kvr_session_sources_parse(&app->session_sources, app->cfg.session_keys, err,
+                                  sizeof(err)) < 0) {
+        fprintf(stderr, "kvroute: --session-keys: %s\n", err);
+        return 2;
+    }
+    if (kvr_admin_load_token(app, err, sizeof(err)) < 0) {
+        fprintf(stderr, "kvroute: %s\n", err);
+        return 2;
+    }
     signal(SIGPIPE, SIG_IGN);
 
     app->loop = uv_default_loop();
@@ -102,6 +132,8 @@ int main(int argc, char **argv)
     app->metrics = kvr_metrics_new();
     kvr_app_metrics_init(app);
     app->policy = app->policy_ops->create(&app->cfg.policy_cfg, app->cfg.model ? app->cfg.model : "");
+    app->response_pins = kvr_session_map_create(app->cfg.policy_cfg.session_ttl_s * 1000,
+                                                app->cfg.policy_cfg.max_sessions);
     app->up = kvr_upstream_new(app->loop, &app->cfg.upstream);
     app->http = kvr_http_server_new(app->loop, &app->cfg.http, kvr_api_handle, app);
     int lr = kvr_http_server_listen(app->http, app->cfg.host, app->cfg.port);
@@ -110,19 +142,32 @@ int main(int argc, char **argv)
                 uv_strerror(lr));
         return 1;
     }
+    if (app->cfg.admin_port) {
+        g_admin = kvr_http_server_new(app->loop, &app->cfg.http, kvr_admin_handle, app);
+        lr = kvr_http_server_listen(g_admin, app->cfg.admin_host, app->cfg.admin_port);
+        if (lr < 0) {
+            fprintf(stderr, "kvroute: cannot listen on %s:%d (admin): %s\n",
+                    app->cfg.admin_host, app->cfg.admin_port, uv_strerror(lr));
+            return 1;
+        }
+    }
+    uv_timer_init(app->loop, &g_sweep_timer);
+    uv_timer_start(&g_sweep_timer, sweep_tick, 1000, 1000);
+    kvr_scrape_start(app, NULL);
     uv_signal_init(app->loop, &g_sigterm);
     uv_signal_init(app->loop, &g_sigint);
     uv_signal_start(&g_sigterm, on_signal, SIGTERM);
     uv_signal_start(&g_sigint, on_signal, SIGINT);
     uv_timer_init(app->loop, &g_drain_timer);
     kvr_health_start(app);
-    KVR_INFO("msg=\"listening\" addr=%s:%d policy=%s workers=%zu model=%s", app->cfg.host,
-             app->cfg.port, app->policy_ops->name, app->cfg.nworkers,
-             app->cfg.model ? app->cfg.model : "(discovering)");
+    KVR_INFO("msg=\"listening\" addr=%s:%d policy=%s workers=%zu model=%s admin=%d",
+             app->cfg.host, app->cfg.port, app->policy_ops->name, app->cfg.nworkers,
+             app->cfg.model ? app->cfg.model : "(discovering)", app->cfg.admin_port);
     uv_run(app->loop, UV_RUN_DEFAULT);
     uv_loop_close(app->loop);
     app->policy_ops->destroy(app->policy);
     kvr_metrics_free(app->metrics);
+    kvr_session_map_destroy(app->response_pins);
     kvr_registry_free(app->reg);
     for (size_t i = 0; i < app->nmodels; i++)
         free(app->models[i]);

@@ -8,6 +8,8 @@
 #include "config/config.h"
 #include "http/server.h"
 #include "obs/metrics.h"
+#include "index/session_map.h"
+#include "routing/keys.h"
 #include "routing/policy.h"
 #include "upstream/upstream.h"
 #include "workers/registry.h"
@@ -28,6 +30,13 @@ typedef struct kvr_app_metrics {
     kvr_metric *cached_tokens;     /**< kvroute_cached_tokens_total{model,worker} */
     kvr_metric *completion_tokens; /**< kvroute_completion_tokens_total{model,worker} */
     kvr_metric *client_aborts;     /**< kvroute_client_aborts_total{model,endpoint} */
+    kvr_metric *match_ratio;       /**< kvroute_prefix_match_ratio{model} (histogram) */
+    kvr_metric *index_blocks;      /**< kvroute_index_blocks{model} */
+    kvr_metric *index_evictions;   /**< kvroute_index_evictions_total{model} */
+    kvr_metric *sessions;          /**< kvroute_sessions{model} */
+    kvr_metric *session_evictions; /**< kvroute_session_evictions_total{model,reason} */
+    kvr_metric *queue;             /**< kvroute_worker_queue{worker} (scraped) */
+    kvr_metric *kv_usage;          /**< kvroute_worker_kv_usage{worker} (scraped) */
 } kvr_app_metrics;
 
 /** The process-wide state. */
@@ -44,11 +53,16 @@ typedef struct kvr_app {
     char *models[KVR_MAX_MODELS];        /**< served model names (owned) */
     size_t nmodels;
     int draining;                        /**< SIGTERM received */
+    kvr_session_sources session_sources; /**< parsed --session-keys */
+    kvr_session_map *response_pins;      /**< Responses API response id → worker */
     kvr_worker **scratch;                /**< room for every worker: eligible-set building */
 } kvr_app;
 
 /** Registers kvroute's metric families in app->metrics (which must exist). */
 void kvr_app_metrics_init(kvr_app *app);
+/** Forgets everything learned about `w` (sessions, prefix index, response pins): it left,
+ *  restarted or lost its cache. */
+void kvr_app_forget_worker(kvr_app *app, kvr_worker *w);
 /** Adds a served model name (copied) unless present. Returns 0, or -1 when the list is full. */
 int kvr_app_add_model(kvr_app *app, const char *name);
 /** True when `name` is a served model. */

@@ -71,6 +71,10 @@ static const flag flags[] = {
      "global cap on distinct prefix index blocks"},
     {"worker-index-blocks", T_SIZE, OFF(policy_cfg.worker_index_blocks), 0, 1e10,
      "per-worker index blocks (0 = from KV capacity, else global cap)"},
+    {"max-routing-text-bytes", T_SIZE, OFF(max_routing_text_bytes), 0, 1e12,
+     "routing text kept per request (longer is cut)"},
+    {"session-keys", T_STR, OFF(session_keys), 0, 0,
+     "session id sources: comma list of header:NAME and body:PATH"},
     {"max-usage-scan-bytes", T_SIZE, OFF(max_usage_bytes), 0, 1e9,
      "JSON response bytes kept to read token usage"},
 };
@@ -78,7 +82,7 @@ static const flag flags[] = {
 void kvr_config_default(kvr_config *c)
 {
     memset(c, 0, sizeof(*c));
-    c->policy = "round_robin";
+    c->policy = "cache_aware";
     c->host = "127.0.0.1";
     c->port = 8000;
     c->admin_host = "127.0.0.1";
@@ -89,6 +93,7 @@ void kvr_config_default(kvr_config *c)
     c->retry_after_s = 1;
     c->log_level = "info";
     c->max_usage_bytes = 1 << 20;
+    c->max_routing_text_bytes = 32u << 20;
     kvr_http_limits_default(&c->http);
     kvr_upstream_opts_default(&c->upstream);
     kvr_policy_cfg_default(&c->policy_cfg);

@@ -38,6 +38,11 @@ typedef struct kvr_config {
                                         --balance-rel-threshold, --session-ttl, --max-sessions,
                                         --block-bytes, --max-index-blocks,
                                         --worker-index-blocks */
+    size_t max_routing_text_bytes; /**< --max-routing-text-bytes: routing text kept per request
+                                        (32 MiB); longer texts are cut, which keeps the prefix
+                                        property */
+    const char *session_keys;      /**< --session-keys: where session ids come from, as
+                                        `header:NAME`/`body:PATH` list (DESIGN §5 default) */
     size_t max_usage_bytes;        /**< --max-usage-scan-bytes: JSON response bytes kept to read
                                         `usage` (1 MiB); larger bodies are relayed, not counted */
 } kvr_config;

@@ -93,6 +93,8 @@ struct kvr_http_req {
 struct kvr_http_conn {
     uv_tcp_t tcp;
     uv_timer_t timer;  /**< idle / header / body / linger deadline, by state */
+    uint64_t deadline;  /**< loop time (ms) of the current deadline; 0 = none */
+    uint64_t timer_due; /**< loop time the uv timer is armed for; 0 = not armed */
     uv_timer_t wtimer; /**< write stall: a queued write made no progress for idle_timeout_ms */
     uv_write_t wreq;
     uv_shutdown_t sreq;

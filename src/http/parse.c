@@ -110,8 +110,17 @@ static int end_target(kvr_http_conn *c)
     const char *q = memchr(r->hbuf.data, '?', r->target_len);
     uint32_t plen = q ? (uint32_t)(q - r->hbuf.data) : r->target_len;
     r->path_off = (uint32_t)r->hbuf.len;
-    /* Copy of the path so that both it and the target are NUL-terminated. */
-    if (kvr_buf_append(&r->hbuf, r->hbuf.data, plen) < 0 || kvr_buf_append(&r->hbuf, "", 1) < 0)
+    /* Copy of the path so that both it and the target are NUL-terminated. The source lives in
+     * the buffer being appended to, which may move: copy through a bounce buffer. */
+    char tmp[256];
+    for (uint32_t i = 0; i < plen;) {
+        uint32_t n = plen - i < sizeof(tmp) ? plen - i : (uint32_t)sizeof(tmp);
+        memcpy(tmp, r->hbuf.data + i, n);
+        if (kvr_buf_append(&r->hbuf, tmp, n) < 0)
+            return oom(c);
+        i += n;
+    }
+    if (kvr_buf_append(&r->hbuf, "", 1) < 0)
         return oom(c);
     return 0;
 }

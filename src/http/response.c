@@ -176,6 +176,25 @@ static void on_wtimer(uv_timer_t *t)
     kvr_http__conn_close(c);
 }
 
+/* Everything queued so far has reached the socket: shut down if closing, tell a paused producer
+ * to resume, resume parsing pipelined requests held back by output. */
+static void after_write(kvr_http_conn *c)
+{
+    if (c->close_after_flush && !c->out.len) {
+        kvr_http__start_shutdown(c);
+        return;
+    }
+    size_t hw = c->srv->lim.write_high_water;
+    kvr_http_req *r = &c->req;
+    if (r->owned && !r->gone && r->want_drain && kvr_http__pending(c) <= hw / 4) {
+        r->want_drain = 0;
+        if (r->cbs.on_drain)
+            r->cbs.on_drain(r->cbs_ud);
+    }
+    if (c->wait_out && c->state == KVR_HTTP_C_IDLE && kvr_http__pending(c) <= hw)
+        kvr_http__conn_resume(c);
+}
+
 static void write_cb(uv_write_t *w, int status)
 {
     kvr_http_conn *c = w->data;
@@ -194,33 +213,40 @@ static void write_cb(uv_write_t *w, int status)
     if (c->state == KVR_HTTP_C_CLOSED)
         return;
     uv_timer_stop(&c->wtimer);
-    if (c->out.len) {
-        write_now(c);
-        if (c->state == KVR_HTTP_C_CLOSED)
-            return;
-    } else if (c->close_after_flush) {
-        kvr_http__start_shutdown(c);
-        return;
-    }
-    size_t hw = c->srv->lim.write_high_water;
-    kvr_http_req *r = &c->req;
-    if (r->owned && !r->gone && r->want_drain && kvr_http__pending(c) <= hw / 4) {
-        r->want_drain = 0;
-        if (r->cbs.on_drain)
-            r->cbs.on_drain(r->cbs_ud);
-    }
-    if (c->wait_out && c->state == KVR_HTTP_C_IDLE && kvr_http__pending(c) <= hw)
-        kvr_http__conn_resume(c);
+    if (c->out.len)
+        write_now(c); /* calls after_write() itself once everything is out */
+    else
+        after_write(c);
 }
 
+/* Writes what is queued. First a direct uv_try_write(): when the socket takes it all (the usual
+ * case for a small response) there is no write request, callback or extra epoll_ctl. What is
+ * left goes to uv_write() and keeps accumulating in `out` until it completes. */
 static void write_now(kvr_http_conn *c)
 {
     if (c->writing || c->state == KVR_HTTP_C_CLOSED || !c->out.len)
         return;
+    uv_buf_t b = uv_buf_init(c->out.data, (unsigned)c->out.len);
+    int n = uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
+    if (n == (int)c->out.len) {
+        if (c->out.alloc > KVR_HTTP_KEEP_ALLOC)
+            kvr_buf_free(&c->out);
+        else
+            kvr_buf_reset(&c->out);
+        after_write(c);
+        return;
+    }
+    if (n < 0 && n != UV_EAGAIN) {
+        KVR_DEBUG("http: write to %s failed: %s", c->peer, uv_strerror(n));
+        kvr_http__conn_close(c);
+        return;
+    }
+    if (n > 0)
+        kvr_buf_consume(&c->out, (size_t)n);
     kvr_buf t = c->wbuf;
     c->wbuf = c->out;
     c->out = t;
-    uv_buf_t b = uv_buf_init(c->wbuf.data, (unsigned)c->wbuf.len);
+    b = uv_buf_init(c->wbuf.data, (unsigned)c->wbuf.len);
     c->wreq.data = c;
     int rc = uv_write(&c->wreq, (uv_stream_t *)&c->tcp, &b, 1, write_cb);
     if (rc < 0) {

@@ -2,7 +2,22 @@
  * libhttp-parser). It owns client connections: limits, absolute header/body deadlines, keep-alive
  * idle timeout, pipelining (one request at a time), response framing (Content-Length, chunked,
  * or close-delimited for HTTP/1.0), write coalescing and client-disconnect detection.
- * The request-validation rules follow ../shared reference table B.1 (RFC 9112 framing). */
+ * The request-validation rules follow ../shared reference table B.1 (RFC 9112 framing).
+ *
+ * Protocol choices worth knowing (implementation in src/http/, tests in
+ * tests/unit/test_http_server.c):
+ *  - Bare LF line endings in the request head are accepted (http_parser does; RFC 9112 2.2
+ *    allows it). A bare CR, obs-fold, a non-token header-name byte (e.g. "Content-Length : 2")
+ *    and anything after chunk data other than CRLF are 400.
+ *  - Only origin-form targets ("/path?query"); absolute-, authority- and asterisk-form are 400.
+ *  - Methods: GET HEAD POST PUT DELETE OPTIONS PATCH; other known methods 501, garbage 400.
+ *  - Transfer-Encoding must be exactly "chunked" (another final coding 400, extra codings 501,
+ *    on HTTP/1.0 400); Content-Length with Transfer-Encoding, duplicate or malformed
+ *    Content-Length are 400; a declared length over max_body_bytes is 413 before any body byte.
+ *  - Every error the server answers itself is a JSON body from kvr_oai_error_json() with
+ *    Connection: close; the write side is then shut down and input drained briefly (lingering
+ *    close) so the client can read the error.
+ *  - A client that half-closes (EOF) while its request is with the handler counts as gone. */
 #ifndef KVR_HTTP_SERVER_H
 #define KVR_HTTP_SERVER_H
 #include <stddef.h>
@@ -33,6 +48,12 @@ typedef struct kvr_http_limits {
     size_t write_high_water;      /**< bytes pending to the client above which
                                        kvr_http_resp_write() reports "full" (default 65536) */
 } kvr_http_limits;
+/* A zero field selects its default. idle_timeout_ms is also the send timeout: a client that
+ * accepts no bytes of a pending write for that long is dropped (nginx send_timeout). While the
+ * handler owns a request, pipelined input is buffered up to max(64 KiB, max_header_bytes); past
+ * that the server stops reading that client (and so cannot see its EOF) until the response
+ * ends. Output queued per connection is capped at max(64 MiB, 64 * write_high_water): a handler
+ * that ignores backpressure past that gets -1 and the connection is closed. */
 
 /** Fills `l` with the defaults given above. */
 void kvr_http_limits_default(kvr_http_limits *l);
@@ -86,9 +107,11 @@ typedef struct kvr_http_req_cbs {
     /** The bytes pending to the client fell to or below write_high_water/4 after having been
      *  above write_high_water (resume the producer). */
     void (*on_drain)(void *ud);
-    /** The client went away (EOF, reset, write error, server close) before the response ended.
-     *  The handler must stop producing and still call kvr_http_resp_end() or _abort(), which
-     *  then only frees. Called at most once. */
+    /** The client went away (EOF, reset, write error, send timeout, server close) before the
+     *  response ended. The handler must stop producing and still call kvr_http_resp_end() or
+     *  _abort(), which then only frees. Called at most once, from the connection's close
+     *  callback (the same loop iteration the loss was seen), never from inside a resp_* call:
+     *  a resp_* call that finds the client gone returns -1 and the callback follows. */
     void (*on_client_gone)(void *ud);
 } kvr_http_req_cbs;
 void kvr_http_req_set_cbs(kvr_http_req *r, const kvr_http_req_cbs *cbs, void *ud);
@@ -105,15 +128,20 @@ int kvr_http_resp_start(kvr_http_req *r, int status, const kvr_http_header *h, s
                         int64_t content_length);
 /** Queues body bytes (copied; writes are coalesced while one is in flight). Returns 1 when the
  *  bytes pending to the client now exceed write_high_water (the caller should pause until
- *  on_drain), 0 otherwise, -1 if the client is gone or the response not started. */
+ *  on_drain), 0 otherwise, -1 if the client is gone or the response not started. Bytes past a
+ *  declared Content-Length are dropped (returns -1; the connection closes after the response).
+ *  A HEAD, 204 or 304 response discards body bytes. */
 int kvr_http_resp_write(kvr_http_req *r, const void *data, size_t len);
 /** Bytes queued to the client and not yet written to the socket. */
 size_t kvr_http_resp_pending(const kvr_http_req *r);
 /** Finishes the response (last chunk for chunked) and releases `r`. The connection is kept for
- *  the next request when keep-alive allows, else closed after flushing. */
+ *  the next request when keep-alive allows, else closed after flushing. Without a prior
+ *  kvr_http_resp_start() the client gets a 500 JSON error; a body shorter than its
+ *  Content-Length closes the connection. */
 void kvr_http_resp_end(kvr_http_req *r);
 /** Ends the response abnormally: the connection is closed after flushing what was queued,
- *  without the terminating chunk, so the client sees a truncated body. Releases `r`. */
+ *  without the terminating chunk, so the client sees a truncated body (before
+ *  kvr_http_resp_start(): no response at all). Releases `r`. */
 void kvr_http_resp_abort(kvr_http_req *r);
 /** Convenience: a complete response with a body of `len` bytes and `content_type`, plus
  *  `n` extra headers; then releases `r` like kvr_http_resp_end(). */

@@ -1,44 +1,76 @@
-/* Prefix block index: an open-addressed table of (key, worker) holdings with per-worker
+/* Prefix block index: bucketized cuckoo hash tables of (key, worker) holdings with per-worker
  * intrusive LRU lists. See prefix_index.h for the contract.
  *
- * Layout. A slot is 16 bytes: `kw` = 48-bit key fingerprint << 16 | 16-bit internal worker
- * index (0 = empty; the fingerprint is never 0), and the worker's LRU links as 32-bit slot
- * indexes. Slots are grouped in buckets of 8 (two cache lines). A key's home bucket comes from
- * its fingerprint; an entry that does not fit there goes to the next bucket with a free slot,
- * and every bucket it passes over counts it in `ovf` (F14's "outbound overflow" count). A
- * lookup scans buckets from the home while their count is non-zero, so all holders of a key are
- * found in one short scan and a miss usually costs one bucket. Entries never move except when
- * the table grows, so the LRU links can be plain slot indexes (no back-pointer fix-ups on insert
- * or delete, no tombstones).
+ * Slot (16 bytes): `kw` = 44-bit key fingerprint | 6-bit holder group | 14-bit internal worker
+ * index (0 = empty; a fingerprint is never 0), and the worker's LRU links as 32-bit slot ids.
  *
- * Why 48-bit fingerprints: the home is derived from the fingerprint, so two keys are confused
- * only if 48 bits collide among the few entries scanned (~2^-46 per lookup); the other 16 bits
- * of the word name the worker, which keeps a holding at 16 bytes (the 0.3 bytes per text byte
- * budget is ~19 bytes per 64-byte block). A confusion only makes a match one block longer. */
+ * Tables: the fingerprint's top 6 bits pick one of 64 shards, each an independent table that
+ * grows on its own, so a growth step rebuilds 1/64 of the index (a 10 M-block index pauses
+ * ~20 ms per step instead of ~1 s, and the steps are spread over many requests). A slot id is
+ * shard << 26 | index in the shard.
+ *
+ * In a shard, buckets of 4 slots = one 64-byte cache line. The holders of a key are kept in
+ * groups of GROUP (4); group g of fingerprint f has two candidate buckets derived from (f, g),
+ * and groups are dense (groups 0..G-2 full, G-1 partly), so a lookup reads group 0's pair and
+ * goes on only while a group is full. A block held by one worker, the common case, costs
+ * exactly two cache lines, independent of each other (both prefetched while the next blocks are
+ * hashed) and of the index size; a block shared by H workers costs about H/4 pairs, lines that
+ * every request with that shared prefix keeps hot. A new holding goes to the emptier candidate;
+ * when both are full, a random walk moves entries to their other bucket (cuckoo hashing). With
+ * 2 choices and 4-slot buckets that works up to ~97 % load, so shards run at up to 92 %: ~17.4
+ * bytes per held block. Entries move only in such walks, in group compaction and in growth; a
+ * moved entry's LRU neighbours are re-pointed (no tombstones, no overflow counts).
+ *
+ * Why 44-bit fingerprints: buckets derive from the fingerprint (a stored entry knows its other
+ * bucket), so keys are told apart by those 44 bits among the 8 slots looked at (a false match
+ * ~2^-41 per probe; two stored keys merge with probability ~keys/2^44 per insert); the other 20
+ * bits of the word hold the group and the worker, which keeps a holding at 16 bytes (the 0.3
+ * bytes per text byte budget is ~19 bytes per 64-byte block). A confusion only makes a match one
+ * block longer. */
 #include "index/prefix_index.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include "util/rand.h"
 
 #define NIL UINT32_MAX
-#define BUCKET 8                 /* slots per bucket */
-#define LOAD_GROW_NUM 9          /* grow when holdings exceed 9/10 of the slots */
-#define LOAD_GROW_DEN 10
-#define LOAD_HARD_NUM 97         /* never exceed 97/100: evict when growth failed */
-#define LOAD_HARD_DEN 100
-#define INITIAL_BUCKETS 64       /* 512 slots, 8 KiB: a model with little traffic stays small */
-#define MAX_BUCKETS (((size_t)UINT32_MAX - 1) / BUCKET)
+#define BUCKET 4                 /* slots per bucket: 4 × 16 B = one cache line */
+#define GROUP 4                  /* holders of one key per bucket pair */
+#define MAX_GROUPS 64            /* 6 bits: at most 256 holders per key */
+#define W_NONE 0x3fff            /* 14-bit worker index that is never a worker */
+#define KW(fp, g, w) ((fp) << 20 | (uint64_t)(g) << 14 | (uint64_t)(w))
+#define KW_FP(kw) ((kw) >> 20)
+#define KW_G(kw) ((unsigned)((kw) >> 14) & 63u)
+#define KW_W(kw) ((uint32_t)(kw) & 0x3fffu)
+#define SHARD_BITS 6
+#define NSHARDS (1u << SHARD_BITS)
+#define LOCAL_BITS 26
+#define LOCAL_MASK ((1u << LOCAL_BITS) - 1)
+#define MAX_BUCKETS (((size_t)LOCAL_MASK - 1) / BUCKET) /* per shard; keeps ids != NIL */
+#define LOAD_NUM 23              /* grow a shard when it would exceed 23/25 = 92 % full */
+#define LOAD_DEN 25
+#define INITIAL_BUCKETS 8        /* per shard: 64 × 512 B = 32 KiB for an idle model */
+#define MAX_KICKS 128            /* cuckoo random-walk length before a shard counts as full */
 #define SEED0 0x6b76726f75746531ull /* seed of block 0's key; any fixed value works */
 #define MATCH_BATCH 16           /* blocks hashed ahead of their probes, to prefetch buckets */
 
 typedef struct slot {
-    uint64_t kw;                 /* fp << 16 | worker; 0 = empty */
+    uint64_t kw;                 /* KW(fp, group, worker); 0 = empty */
     uint32_t prev;               /* towards the worker's most recently used entry */
     uint32_t next;               /* towards its least recently used entry */
 } slot;
+
+typedef struct shard {
+    slot *slots;                 /* nb × BUCKET, 64-byte aligned */
+    size_t nb;                   /* buckets */
+    size_t used;                 /* holdings */
+} shard;
 
 typedef struct wrec {
     size_t ext;                  /* registry id */
@@ -53,10 +85,7 @@ struct kvr_prefix_index {
     size_t block_bytes;
     size_t max_keys;
     size_t default_cap;
-    slot *slots;
-    uint8_t *ovf;                /* per bucket, saturating at 255 (then sticky: still correct,
-                                    lookups just scan one bucket more until the next growth) */
-    size_t nb;                   /* buckets */
+    shard sh[NSHARDS];
     size_t used;                 /* holdings */
     size_t keys;                 /* distinct fingerprints */
     uint64_t evictions;
@@ -71,24 +100,61 @@ struct kvr_prefix_index {
     size_t cset_mask;
     size_t cset_alloc;
     uint32_t *want;              /* scratch for match: internal index -> request position + 1 */
+    uint32_t *rb_map;            /* during a shard rebuild: old local index -> new */
+    uint32_t *rb_rev;            /* during a shard rebuild: new local index -> old */
 };
 
 static inline uint64_t fp_of(uint64_t key)
 {
-    uint64_t f = key >> 16;
+    uint64_t f = key >> 20;
     return f ? f : 1;
 }
 
-static inline size_t home_of(size_t nb, uint64_t fp)
+static inline unsigned shard_of(uint64_t fp)
 {
-    /* Lemire's range reduction on the (uniform) top bits: any bucket count works, so the table
-     * can grow by 1.5x and stay near its load target. */
-    return (size_t)(((unsigned __int128)(fp << 16) * nb) >> 64);
+    return (unsigned)(fp >> (44 - SHARD_BITS));
 }
 
-static inline size_t bnext(size_t nb, size_t b)
+static inline uint32_t gid(unsigned sh, size_t local)
 {
-    return ++b == nb ? 0 : b;
+    return (uint32_t)sh << LOCAL_BITS | (uint32_t)local;
+}
+
+static inline slot *at(const kvr_prefix_index *ix, uint32_t id)
+{
+    return &ix->sh[id >> LOCAL_BITS].slots[id & LOCAL_MASK];
+}
+
+/* Lemire's range reduction: any bucket count works, so a shard can grow by 1.5x and stop at
+ * what the caps need. */
+static inline size_t reduce(uint64_t h, size_t nb)
+{
+    return (size_t)(((unsigned __int128)h * nb) >> 64);
+}
+
+static inline uint64_t mix(uint64_t h)
+{
+    h ^= h >> 31; /* splitmix64's finalizer */
+    h *= 0xbf58476d1ce4e5b9ull;
+    h ^= h >> 29;
+    h *= 0x94d049bb133111ebull;
+    return h ^ (h >> 32);
+}
+
+/* The two candidate buckets of group g of fingerprint fp, in a shard of nb buckets. */
+static inline void pair_of(size_t nb, uint64_t fp, unsigned g, size_t *b1, size_t *b2)
+{
+    uint64_t h = mix(fp * 0x9e3779b97f4a7c15ull + g);
+    *b1 = reduce(h, nb);
+    size_t x = reduce(mix(h), nb);
+    *b2 = x != *b1 ? x : (*b1 + 1 == nb ? 0 : *b1 + 1);
+}
+
+static inline size_t other_bucket(size_t nb, uint64_t kw, size_t b)
+{
+    size_t b1, b2;
+    pair_of(nb, KW_FP(kw), KW_G(kw), &b1, &b2);
+    return b == b1 ? b2 : b1;
 }
 
 size_t kvr_prefix_index_block_keys(size_t block_bytes, const void *text, size_t len,
@@ -118,6 +184,15 @@ size_t kvr_prefix_index_blocks_for_kv_tokens(int64_t kv_tokens, size_t block_byt
     return b ? (size_t)b : 1;
 }
 
+static slot *alloc_slots(size_t nb)
+{
+    void *p = NULL;
+    if (posix_memalign(&p, 64, nb * BUCKET * sizeof(slot)) != 0)
+        return NULL;
+    memset(p, 0, nb * BUCKET * sizeof(slot));
+    return p;
+}
+
 kvr_prefix_index *kvr_prefix_index_create(const kvr_prefix_index_cfg *cfg)
 {
     if (!cfg || !cfg->block_bytes || !cfg->max_blocks)
@@ -128,12 +203,12 @@ kvr_prefix_index *kvr_prefix_index_create(const kvr_prefix_index_cfg *cfg)
     ix->block_bytes = cfg->block_bytes;
     ix->max_keys = cfg->max_blocks;
     ix->default_cap = cfg->worker_blocks ? cfg->worker_blocks : cfg->max_blocks;
-    ix->nb = INITIAL_BUCKETS;
-    ix->slots = calloc(ix->nb * BUCKET, sizeof(slot));
-    ix->ovf = calloc(ix->nb, 1);
-    if (!ix->slots || !ix->ovf) {
-        kvr_prefix_index_destroy(ix);
-        return NULL;
+    for (unsigned i = 0; i < NSHARDS; i++) {
+        ix->sh[i].nb = INITIAL_BUCKETS;
+        if (!(ix->sh[i].slots = alloc_slots(INITIAL_BUCKETS))) {
+            kvr_prefix_index_destroy(ix);
+            return NULL;
+        }
     }
     return ix;
 }
@@ -142,8 +217,8 @@ void kvr_prefix_index_destroy(kvr_prefix_index *ix)
 {
     if (!ix)
         return;
-    free(ix->slots);
-    free(ix->ovf);
+    for (unsigned i = 0; i < NSHARDS; i++)
+        free(ix->sh[i].slots);
     free(ix->w);
     free(ix->ext2int);
     free(ix->chain);
@@ -154,95 +229,187 @@ void kvr_prefix_index_destroy(kvr_prefix_index *ix)
 
 /* ---- table primitives ---------------------------------------------------------------- */
 
-/* Stores (fp, wi) in the first free slot from fp's home (the caller guarantees one exists and
- * that the pair is absent) and counts the overflow of every bucket passed over. */
-static uint32_t table_place(slot *slots, uint8_t *ovf, size_t nb, uint64_t fp, uint32_t wi)
+/* What a scan of a key's groups found. */
+typedef struct kfind {
+    uint32_t slot;       /* the holding of the asked worker, NIL if none */
+    size_t holders;      /* holders of the key */
+    unsigned last_g;     /* first group with fewer than GROUP holders: where a new one goes */
+    uint32_t last;       /* slot of a holder in the last non-empty group (NIL: no holder) */
+} kfind;
+
+static void key_find(const kvr_prefix_index *ix, uint64_t fp, uint32_t wi, kfind *f)
 {
-    size_t h = home_of(nb, fp), b = h;
-    for (;;) {
-        slot *bk = slots + b * BUCKET;
-        for (int j = 0; j < BUCKET; j++) {
-            if (bk[j].kw == 0) {
-                for (size_t x = h; x != b; x = bnext(nb, x))
-                    if (ovf[x] != 255)
-                        ovf[x]++;
-                bk[j].kw = fp << 16 | wi;
-                bk[j].prev = bk[j].next = NIL;
-                return (uint32_t)(b * BUCKET + j);
+    unsigned si = shard_of(fp);
+    const shard *sh = &ix->sh[si];
+    f->slot = f->last = NIL;
+    f->holders = 0;
+    for (unsigned g = 0; g < MAX_GROUPS; g++) {
+        size_t b[2];
+        pair_of(sh->nb, fp, g, &b[0], &b[1]);
+        int c = 0;
+        uint32_t any = NIL;
+        for (int k = 0; k < 2; k++) {
+            const slot *bk = sh->slots + b[k] * BUCKET;
+            for (int j = 0; j < BUCKET; j++) {
+                uint64_t kw = bk[j].kw;
+                if (kw && KW_FP(kw) == fp && KW_G(kw) == g) {
+                    c++;
+                    any = gid(si, b[k] * BUCKET + (size_t)j);
+                    if (KW_W(kw) == wi)
+                        f->slot = any;
+                }
             }
         }
-        b = bnext(nb, b);
-    }
-}
-
-/* Finds the slot of (fp, wi); NIL if absent. `*shared` = another worker holds fp. */
-static uint32_t table_find(const kvr_prefix_index *ix, uint64_t fp, uint32_t wi, int *shared)
-{
-    size_t b = home_of(ix->nb, fp);
-    uint32_t found = NIL;
-    *shared = 0;
-    for (;;) {
-        const slot *bk = ix->slots + b * BUCKET;
-        for (int j = 0; j < BUCKET; j++) {
-            uint64_t kw = bk[j].kw;
-            if (kw && (kw >> 16) == fp) {
-                if ((kw & 0xffff) == wi)
-                    found = (uint32_t)(b * BUCKET + j);
-                else
-                    *shared = 1;
-            }
+        f->holders += (size_t)c;
+        if (any != NIL)
+            f->last = any;
+        if (c < GROUP) {
+            f->last_g = g;
+            return;
         }
-        if (ix->ovf[b] == 0)
-            return found;
-        b = bnext(ix->nb, b);
     }
+    f->last_g = MAX_GROUPS; /* every group full: no room for another holder */
 }
 
-static int fp_present(const kvr_prefix_index *ix, uint64_t fp)
+/* Moves the entry in local slot `src` of shard `si` (array `t`) to the empty local slot `dst`.
+ * In the live table its LRU neighbours (or its worker's list ends) are re-pointed; during a
+ * rebuild of that shard the links are fixed afterwards, so only the old->new map is updated. */
+static void move_slot(kvr_prefix_index *ix, unsigned si, slot *t, uint32_t src, uint32_t dst)
 {
-    int shared;
-    /* Worker index 0xffff never exists (at most 65535 records, 0..65534), so any holder of fp
-     * shows up as "shared". */
-    table_find(ix, fp, 0xffff, &shared);
-    return shared;
+    t[dst] = t[src];
+    t[src].kw = 0;
+    if (ix->rb_map) {
+        uint32_t old = ix->rb_rev[src];
+        ix->rb_rev[dst] = old;
+        ix->rb_map[old] = dst;
+        return;
+    }
+    uint32_t id = gid(si, dst);
+    wrec *w = &ix->w[KW_W(t[dst].kw)];
+    if (t[dst].prev != NIL)
+        at(ix, t[dst].prev)->next = id;
+    else
+        w->head = id;
+    if (t[dst].next != NIL)
+        at(ix, t[dst].next)->prev = id;
+    else
+        w->tail = id;
 }
 
-static void table_remove(kvr_prefix_index *ix, uint32_t s)
+/* Removes the holding in slot `id` and keeps its key's groups dense: the key's last holder
+ * moves into the hole (relabelled to the hole's group). Returns 1 when it was the key's last
+ * holder. */
+static int table_remove(kvr_prefix_index *ix, uint32_t id)
 {
-    uint64_t fp = ix->slots[s].kw >> 16;
-    size_t h = home_of(ix->nb, fp), e = s / BUCKET;
-    for (size_t x = h; x != e; x = bnext(ix->nb, x))
-        if (ix->ovf[x] != 255)
-            ix->ovf[x]--;
-    ix->slots[s].kw = 0;
+    slot *x = at(ix, id);
+    uint64_t kw = x->kw, fp = KW_FP(kw);
+    unsigned si = id >> LOCAL_BITS;
+    kfind f;
+    key_find(ix, fp, W_NONE, &f);
+    x->kw = 0;
+    ix->sh[si].used--;
     ix->used--;
+    if (f.last != NIL && f.last != id) {
+        move_slot(ix, si, ix->sh[si].slots, f.last & LOCAL_MASK, id & LOCAL_MASK);
+        x->kw = KW(fp, KW_G(kw), KW_W(x->kw));
+    }
+    return f.holders <= 1;
+}
+
+static int free_slot(const slot *t, size_t b)
+{
+    for (int j = 0; j < BUCKET; j++)
+        if (!t[b * BUCKET + (size_t)j].kw)
+            return j;
+    return -1;
+}
+
+static int free_count(const slot *t, size_t b)
+{
+    int n = 0;
+    for (int j = 0; j < BUCKET; j++)
+        n += !t[b * BUCKET + (size_t)j].kw;
+    return n;
+}
+
+/* Stores entry `kw` in shard array `t` of `nb` buckets: in the emptier of its two buckets, else
+ * after a cuckoo walk that moves entries to their other bucket. Returns the local slot
+ * (prev/next = NIL), or NIL when the walk found no room (the array is unchanged). */
+static uint32_t table_place(kvr_prefix_index *ix, unsigned si, slot *t, size_t nb, uint64_t kw)
+{
+    size_t b1, b2;
+    pair_of(nb, KW_FP(kw), KW_G(kw), &b1, &b2);
+    int f1 = free_count(t, b1), f2 = free_count(t, b2);
+    uint32_t s = NIL;
+    if (f1 || f2) {
+        size_t b = f1 >= f2 ? b1 : b2;
+        s = (uint32_t)(b * BUCKET + (size_t)free_slot(t, b));
+    } else {
+        /* Record a walk over distinct slots first, then shift the entries back along it from
+         * the free slot found at its end, so a failed walk changes nothing. */
+        uint32_t path[MAX_KICKS];
+        size_t b = kvr_rand_below(2) ? b1 : b2, fb = 0;
+        int n = 0, f = -1;
+        while (n < MAX_KICKS) {
+            int j = (int)kvr_rand_below(BUCKET), tries;
+            for (tries = 0; tries < BUCKET; tries++, j = (j + 1) % BUCKET) {
+                uint32_t cand = (uint32_t)(b * BUCKET + (size_t)j);
+                int seen = 0;
+                for (int i = 0; i < n && !seen; i++)
+                    seen = path[i] == cand;
+                if (!seen)
+                    break;
+            }
+            if (tries == BUCKET)
+                break;
+            uint32_t cur = (uint32_t)(b * BUCKET + (size_t)j);
+            path[n++] = cur;
+            size_t ob = other_bucket(nb, t[cur].kw, b);
+            if ((f = free_slot(t, ob)) >= 0) {
+                fb = ob;
+                break;
+            }
+            b = ob;
+        }
+        if (f < 0)
+            return NIL;
+        uint32_t dst = (uint32_t)(fb * BUCKET + (size_t)f);
+        for (int i = n - 1; i >= 0; i--) {
+            move_slot(ix, si, t, path[i], dst);
+            dst = path[i];
+        }
+        s = dst;
+    }
+    t[s].kw = kw;
+    t[s].prev = t[s].next = NIL;
+    return s;
 }
 
 /* ---- per-worker LRU ------------------------------------------------------------------- */
 
-static void lru_unlink(kvr_prefix_index *ix, wrec *w, uint32_t s)
+static void lru_unlink(kvr_prefix_index *ix, wrec *w, uint32_t id)
 {
-    slot *x = &ix->slots[s];
+    slot *x = at(ix, id);
     if (x->prev != NIL)
-        ix->slots[x->prev].next = x->next;
+        at(ix, x->prev)->next = x->next;
     else
         w->head = x->next;
     if (x->next != NIL)
-        ix->slots[x->next].prev = x->prev;
+        at(ix, x->next)->prev = x->prev;
     else
         w->tail = x->prev;
 }
 
-static void lru_push_head(kvr_prefix_index *ix, wrec *w, uint32_t s)
+static void lru_push_head(kvr_prefix_index *ix, wrec *w, uint32_t id)
 {
-    slot *x = &ix->slots[s];
+    slot *x = at(ix, id);
     x->prev = NIL;
     x->next = w->head;
     if (w->head != NIL)
-        ix->slots[w->head].prev = s;
+        at(ix, w->head)->prev = id;
     else
-        w->tail = s;
-    w->head = s;
+        w->tail = id;
+    w->head = id;
 }
 
 /* ---- workers ------------------------------------------------------------------------- */
@@ -286,9 +453,9 @@ static long worker_get(kvr_prefix_index *ix, size_t ext)
         if (ix->nw >= KVR_PREFIX_INDEX_MAX_WORKERS)
             return -1;
         wrec *nw = realloc(ix->w, (ix->nw + 1) * sizeof(*nw));
-        uint32_t *want = realloc(ix->want, (ix->nw + 1) * sizeof(*want));
         if (nw)
             ix->w = nw;
+        uint32_t *want = realloc(ix->want, (ix->nw + 1) * sizeof(*want));
         if (want)
             ix->want = want;
         if (!nw || !want)
@@ -307,17 +474,19 @@ static long worker_get(kvr_prefix_index *ix, size_t ext)
 
 /* ---- eviction and growth -------------------------------------------------------------- */
 
-static void evict_one(kvr_prefix_index *ix, uint32_t wi)
+static void evict_slot(kvr_prefix_index *ix, uint32_t id)
 {
-    wrec *w = &ix->w[wi];
-    uint32_t s = w->tail;
-    uint64_t fp = ix->slots[s].kw >> 16;
-    lru_unlink(ix, w, s);
+    wrec *w = &ix->w[KW_W(at(ix, id)->kw)];
+    lru_unlink(ix, w, id);
     w->count--;
-    table_remove(ix, s);
-    if (!fp_present(ix, fp))
+    if (table_remove(ix, id))
         ix->keys--;
     ix->evictions++;
+}
+
+static void evict_one(kvr_prefix_index *ix, uint32_t wi)
+{
+    evict_slot(ix, ix->w[wi].tail);
 }
 
 /* The worker holding the most blocks (ties at random) and the runner-up's count. Under the
@@ -362,95 +531,168 @@ static void enforce_global_cap(kvr_prefix_index *ix)
     }
 }
 
-/* Rebuilds the table with `nb` buckets. Slot indexes change, so every LRU link and list end is
- * translated through an old -> new map. O(holdings); happens at 1.5x growth steps only. */
-static int rebuild(kvr_prefix_index *ix, size_t nb)
+/* Rebuilds shard `si` with `nb` buckets. Its slot ids change, so its entries' links, the links
+ * of their neighbours in other shards and the workers' list ends are re-pointed through an
+ * old -> new map. O(holdings in the shard). Returns 0, or -1 (shard unchanged) out of memory or
+ * when the entries do not fit. */
+static int rebuild(kvr_prefix_index *ix, unsigned si, size_t nb)
 {
-    size_t old_n = ix->nb * BUCKET;
-    slot *ns = calloc(nb * BUCKET, sizeof(slot));
-    uint8_t *no = calloc(nb, 1);
-    uint32_t *map = malloc(old_n * sizeof(uint32_t));
-    if (!ns || !no || !map) {
+    shard *sh = &ix->sh[si];
+    size_t old_n = sh->nb * BUCKET, new_n = nb * BUCKET;
+    slot *ns = alloc_slots(nb);
+    uint32_t *map = malloc(old_n * sizeof(uint32_t)), *rev = malloc(new_n * sizeof(uint32_t));
+    if (!ns || !map || !rev) {
         free(ns);
-        free(no);
         free(map);
+        free(rev);
         return -1;
     }
+    ix->rb_map = map;
+    ix->rb_rev = rev;
+    int ok = 1;
     for (size_t s = 0; s < old_n; s++) {
-        const slot *o = &ix->slots[s];
+        /* Prefetch the buckets of an entry a few slots ahead: placement is a random access. */
+        if (s + 16 < old_n && sh->slots[s + 16].kw) {
+            uint64_t kw = sh->slots[s + 16].kw;
+            size_t p1, p2;
+            pair_of(nb, KW_FP(kw), KW_G(kw), &p1, &p2);
+            __builtin_prefetch(ns + p1 * BUCKET, 1);
+            __builtin_prefetch(ns + p2 * BUCKET, 1);
+        }
+        const slot *o = &sh->slots[s];
         if (!o->kw)
             continue;
-        uint32_t t = table_place(ns, no, nb, o->kw >> 16, (uint32_t)(o->kw & 0xffff));
+        uint32_t t = table_place(ix, si, ns, nb, o->kw);
+        if (t == NIL) {
+            ok = 0;
+            break;
+        }
         ns[t].prev = o->prev;
         ns[t].next = o->next;
         map[s] = t;
+        rev[t] = (uint32_t)s;
     }
-    for (size_t t = 0; t < nb * BUCKET; t++) {
-        if (!ns[t].kw)
+    ix->rb_map = ix->rb_rev = NULL;
+    free(rev);
+    if (!ok) {
+        free(ns);
+        free(map);
+        return -1;
+    }
+    /* Links into this shard are translated; neighbours in other shards are told the new id. */
+    for (size_t t = 0; t < new_n; t++) {
+        slot *x = &ns[t];
+        if (!x->kw)
             continue;
-        if (ns[t].prev != NIL)
-            ns[t].prev = map[ns[t].prev];
-        if (ns[t].next != NIL)
-            ns[t].next = map[ns[t].next];
+        uint32_t id = gid(si, t);
+        if (x->prev != NIL) {
+            if (x->prev >> LOCAL_BITS == si)
+                x->prev = gid(si, map[x->prev & LOCAL_MASK]);
+            else
+                at(ix, x->prev)->next = id;
+        }
+        if (x->next != NIL) {
+            if (x->next >> LOCAL_BITS == si)
+                x->next = gid(si, map[x->next & LOCAL_MASK]);
+            else
+                at(ix, x->next)->prev = id;
+        }
     }
     for (size_t i = 0; i < ix->nw; i++) {
         wrec *w = &ix->w[i];
         if (!w->used)
             continue;
-        if (w->head != NIL)
-            w->head = map[w->head];
-        if (w->tail != NIL)
-            w->tail = map[w->tail];
+        if (w->head != NIL && w->head >> LOCAL_BITS == si)
+            w->head = gid(si, map[w->head & LOCAL_MASK]);
+        if (w->tail != NIL && w->tail >> LOCAL_BITS == si)
+            w->tail = gid(si, map[w->tail & LOCAL_MASK]);
     }
     free(map);
-    free(ix->slots);
-    free(ix->ovf);
-    ix->slots = ns;
-    ix->ovf = no;
-    ix->nb = nb;
+    free(sh->slots);
+    sh->slots = ns;
+    sh->nb = nb;
+#ifdef __GLIBC__
+    /* The old array would otherwise stay in the heap, counted in RSS. */
+    if (old_n * sizeof(slot) >= ((size_t)1 << 20))
+        malloc_trim(0);
+#endif
     return 0;
 }
 
 /* Buckets that hold `holdings` at the load target. */
-static size_t buckets_for(size_t holdings)
+static size_t buckets_for(double holdings)
 {
-    unsigned __int128 slots = (unsigned __int128)holdings * LOAD_GROW_DEN / LOAD_GROW_NUM + 1;
-    unsigned __int128 nb = (slots + BUCKET - 1) / BUCKET;
-    return nb > MAX_BUCKETS ? MAX_BUCKETS : (size_t)nb;
+    double nb = (holdings * LOAD_DEN / LOAD_NUM + 1) / BUCKET + 1;
+    return nb >= (double)MAX_BUCKETS ? MAX_BUCKETS : (size_t)nb;
 }
 
-/* Makes room for one more holding: grow past the load target; if growing is impossible, evict
- * from the biggest holder before the table gets too full to probe quickly. Growth steps are
- * 1.5x but never past what the workers' caps can ever need (holdings never exceed the sum of
- * the caps), so a full index sits near the load target: ~18 bytes per held block. */
-static int ensure_room(kvr_prefix_index *ix)
+/* Grows shard `si`: 1.5x steps, but never past what the workers' caps can ever need in one
+ * shard (holdings never exceed the sum of the caps; a shard gets 1/64 of them plus a few
+ * standard deviations), so a full index sits near the load target. Past that size (a shard
+ * drawing more than its share, or a failed cuckoo walk) it grows by 1/16 steps. */
+static int grow(kvr_prefix_index *ix, unsigned si)
 {
-    size_t n = ix->nb * BUCKET;
-    if ((ix->used + 1) * LOAD_GROW_DEN <= n * LOAD_GROW_NUM)
-        return 0;
-    if (ix->nb < MAX_BUCKETS) {
-        size_t bound = 0;
-        for (size_t i = 0; i < ix->nw; i++)
-            if (ix->w[i].used) {
-                size_t c = eff_cap(ix, &ix->w[i]);
-                bound = bound > SIZE_MAX - c ? SIZE_MAX : bound + c;
-            }
-        size_t nb = ix->nb + ix->nb / 2, need = buckets_for(bound);
-        if (nb > need && need > ix->nb)
-            nb = need;
-        if (nb > MAX_BUCKETS)
-            nb = MAX_BUCKETS;
-        if (nb > ix->nb && rebuild(ix, nb) == 0)
+    shard *sh = &ix->sh[si];
+    if (sh->nb >= MAX_BUCKETS)
+        return -1;
+    double bound = 0;
+    for (size_t i = 0; i < ix->nw; i++)
+        if (ix->w[i].used)
+            bound += (double)eff_cap(ix, &ix->w[i]);
+    double per = bound / NSHARDS;
+    size_t need = buckets_for(per + 4 * sqrt(per) + 16);
+    size_t nb = sh->nb + sh->nb / 2, small = sh->nb + sh->nb / 16 + 1;
+    if (nb > need)
+        nb = need > small ? need : small;
+    if (nb > MAX_BUCKETS)
+        nb = MAX_BUCKETS;
+    for (int attempt = 0; attempt < 3; attempt++) {
+        if (rebuild(ix, si, nb) == 0)
             return 0;
-    }
-    while ((ix->used + 1) * LOAD_HARD_DEN > n * LOAD_HARD_NUM) {
-        size_t second;
-        long wi = largest_worker(ix, &second);
-        if (wi < 0)
+        nb += nb / 8 + 1; /* entries did not fit (never seen at these loads): a bit bigger */
+        if (nb > MAX_BUCKETS)
             return -1;
-        evict_one(ix, (uint32_t)wi);
     }
-    return 0;
+    return -1;
+}
+
+/* Stores entry `kw` (a holding not yet in the table) in its shard: grows the shard past the
+ * load target or when the cuckoo walk fails; if it cannot grow (out of memory, 2^26 slots),
+ * frees room by evicting, least recent first from the biggest holder, and as a last resort an
+ * occupant of one of the two buckets. Returns the slot id or NIL (out of memory). `*evicted` =
+ * other holdings went (the caller's view of the key may be stale). */
+static uint32_t place_live(kvr_prefix_index *ix, uint64_t kw, int *evicted)
+{
+    unsigned si = shard_of(KW_FP(kw));
+    shard *sh = &ix->sh[si];
+    *evicted = 0;
+    if ((sh->used + 1) * LOAD_DEN > sh->nb * BUCKET * LOAD_NUM)
+        grow(ix, si);
+    for (int round = 0; round < 64; round++) {
+        uint32_t s = table_place(ix, si, sh->slots, sh->nb, kw);
+        if (s != NIL) {
+            sh->used++;
+            ix->used++;
+            return gid(si, s);
+        }
+        if (grow(ix, si) == 0)
+            continue;
+        *evicted = 1;
+        if (round < 48) {
+            size_t second;
+            long big = largest_worker(ix, &second);
+            if (big >= 0) {
+                evict_one(ix, (uint32_t)big);
+                continue;
+            }
+        }
+        size_t b1, b2;
+        pair_of(sh->nb, KW_FP(kw), KW_G(kw), &b1, &b2);
+        size_t victim = b1 * BUCKET + kvr_rand_below(BUCKET);
+        if (sh->slots[victim].kw)
+            evict_slot(ix, gid(si, victim));
+    }
+    return NIL;
 }
 
 /* ---- public operations ---------------------------------------------------------------- */
@@ -506,6 +748,15 @@ static int cset_has(const kvr_prefix_index *ix, uint64_t fp)
     return 0;
 }
 
+static inline void prefetch_buckets(const kvr_prefix_index *ix, uint64_t fp)
+{
+    const shard *sh = &ix->sh[shard_of(fp)];
+    size_t b1, b2;
+    pair_of(sh->nb, fp, 0, &b1, &b2);
+    __builtin_prefetch(sh->slots + b1 * BUCKET);
+    __builtin_prefetch(sh->slots + b2 * BUCKET);
+}
+
 int kvr_prefix_index_insert(kvr_prefix_index *ix, size_t worker, const void *text, size_t len)
 {
     if (!len)
@@ -523,47 +774,71 @@ int kvr_prefix_index_insert(kvr_prefix_index *ix, size_t worker, const void *tex
     kvr_prefix_index_block_keys(B, text, len, ix->chain, m);
 
     int rc = 0, have_set = 0;
+    /* Last block first: each block ends up more recent than everything after it. */
     for (size_t k = m; k-- > 0;) {
         if (k >= 8)
-            __builtin_prefetch(ix->slots + home_of(ix->nb, fp_of(ix->chain[k - 8])) * BUCKET);
-        if (ensure_room(ix) < 0) {
+            prefetch_buckets(ix, fp_of(ix->chain[k - 8]));
+        uint64_t fp = fp_of(ix->chain[k]);
+        kfind f;
+        wrec *w = &ix->w[wi];
+        key_find(ix, fp, wi, &f);
+        if (f.slot != NIL) {
+            lru_unlink(ix, w, f.slot);
+            lru_push_head(ix, w, f.slot);
+            continue;
+        }
+        if (f.last_g >= MAX_GROUPS)
+            continue; /* 256 workers hold this block already: this one is not recorded */
+        /* Make room in the worker's budget first, so holdings never exceed the caps (the table
+         * is sized for them). The victim is the least recent block not in this text: one of
+         * this text's blocks still waiting to be touched is touched now instead (the loop
+         * touches it again in order), never evicted and re-added. Since m <= cap, the worker
+         * always holds some block outside the text here. */
+        int changed = 0;
+        while (w->count >= cap) {
+            if (!have_set) {
+                if (cset_build(ix, m) < 0) {
+                    rc = -1;
+                    goto out;
+                }
+                have_set = 1;
+            }
+            uint32_t t = w->tail;
+            if (cset_has(ix, KW_FP(at(ix, t)->kw))) {
+                lru_unlink(ix, w, t);
+                lru_push_head(ix, w, t);
+            } else {
+                evict_one(ix, wi);
+                changed = 1;
+            }
+        }
+        /* Evictions compact other keys' groups; look again to be safe about this one's. */
+        if (changed)
+            key_find(ix, fp, wi, &f);
+        int evicted;
+        uint32_t s = place_live(ix, KW(fp, f.last_g, wi), &evicted);
+        if (s == NIL) {
             rc = -1;
             break;
         }
-        uint64_t fp = fp_of(ix->chain[k]);
-        int shared;
-        wrec *w = &ix->w[wi];
-        uint32_t s = table_find(ix, fp, wi, &shared);
-        if (s == NIL) {
-            /* Make room in the worker's budget first, so holdings never exceed the caps (the
-             * table is sized for them). The victim is the least recent block not in this text:
-             * one of this text's blocks still waiting to be touched is touched now instead
-             * (the loop touches it again in order), never evicted and re-added. Since m <= cap,
-             * the worker always holds some block outside the text here. */
-            while (w->count >= cap) {
-                if (!have_set) {
-                    if (cset_build(ix, m) < 0) {
-                        rc = -1;
-                        goto out;
-                    }
-                    have_set = 1;
-                }
-                uint32_t t = w->tail;
-                if (cset_has(ix, ix->slots[t].kw >> 16)) {
-                    lru_unlink(ix, w, t);
-                    lru_push_head(ix, w, t);
-                } else {
-                    evict_one(ix, wi);
-                }
+        if (evicted) {
+            /* Holders of this key may have gone while making room: take the holding out,
+             * look at the key's groups again and put it where it belongs. */
+            unsigned si = s >> LOCAL_BITS;
+            at(ix, s)->kw = 0;
+            ix->sh[si].used--;
+            ix->used--;
+            key_find(ix, fp, wi, &f);
+            s = place_live(ix, KW(fp, f.last_g, wi), &evicted);
+            if (s == NIL) {
+                rc = -1;
+                break;
             }
-            s = table_place(ix->slots, ix->ovf, ix->nb, fp, wi);
-            ix->used++;
-            w->count++;
-            if (!shared) /* still true: the evictions above only took this worker's blocks */
-                ix->keys++;
-        } else {
-            lru_unlink(ix, w, s);
         }
+        w = &ix->w[wi];
+        w->count++;
+        if (!f.holders)
+            ix->keys++;
         lru_push_head(ix, w, s);
     }
 out:
@@ -591,45 +866,52 @@ void kvr_prefix_index_match(kvr_prefix_index *ix, const void *text, size_t len,
         return;
 
     const char *p = text;
-    size_t B = ix->block_bytes, nblocks = (len + B - 1) / B, nb = ix->nb;
-    const slot *slots = ix->slots;
-    const uint8_t *ovf = ix->ovf;
+    size_t B = ix->block_bytes, nblocks = (len + B - 1) / B;
     const uint32_t *want = ix->want;
     uint64_t seed = SEED0;
     uint64_t fps[MATCH_BATCH];
-    size_t homes[MATCH_BATCH];
-    /* Hash a batch of blocks ahead (the chain is sequential but cheap) and prefetch their
-     * buckets, so the table's cache misses overlap instead of adding up. */
+    const slot *bp1[MATCH_BATCH], *bp2[MATCH_BATCH];
+    /* Hash a batch of blocks ahead (the chain is sequential but cheap) and prefetch their two
+     * buckets each, so the table's cache misses overlap instead of adding up. */
     for (size_t i = 0; i < nblocks; i += MATCH_BATCH) {
         size_t cnt = nblocks - i < MATCH_BATCH ? nblocks - i : MATCH_BATCH;
         for (size_t k = 0; k < cnt; k++) {
             size_t off = (i + k) * B, bl = len - off < B ? len - off : B;
             seed = XXH3_64bits_withSeed(p + off, bl, seed);
             fps[k] = fp_of(seed);
-            homes[k] = home_of(nb, fps[k]);
-            const char *bp = (const char *)(slots + homes[k] * BUCKET);
-            __builtin_prefetch(bp);
-            __builtin_prefetch(bp + 64);
+            const shard *sh = &ix->sh[shard_of(fps[k])];
+            size_t b1, b2;
+            pair_of(sh->nb, fps[k], 0, &b1, &b2);
+            bp1[k] = sh->slots + b1 * BUCKET;
+            bp2[k] = sh->slots + b2 * BUCKET;
+            __builtin_prefetch(bp1[k]);
+            __builtin_prefetch(bp2[k]);
         }
         for (size_t k = 0; k < cnt; k++) {
-            size_t off = (i + k) * B, bl = len - off < B ? len - off : B;
+            size_t off = (i + k) * B, bl = len - off < B ? len - off : B, ext = 0;
             uint64_t fp = fps[k];
-            size_t b = homes[k], ext = 0;
-            for (;;) {
-                const slot *bk = slots + b * BUCKET;
-                for (int j = 0; j < BUCKET; j++) {
-                    uint64_t kw = bk[j].kw;
-                    if (kw && (kw >> 16) == fp) {
-                        uint32_t r = want[kw & 0xffff];
-                        if (r && matched[r - 1] == off) {
-                            matched[r - 1] = off + bl;
-                            ext++;
+            const slot *b[2] = {bp1[k], bp2[k]};
+            for (unsigned g = 0;;) {
+                int c = 0;
+                for (int h = 0; h < 2; h++)
+                    for (int j = 0; j < BUCKET; j++) {
+                        uint64_t kw = b[h][j].kw;
+                        if (kw && KW_FP(kw) == fp && KW_G(kw) == g) {
+                            c++;
+                            uint32_t r = want[KW_W(kw)];
+                            if (r && matched[r - 1] == off) {
+                                matched[r - 1] = off + bl;
+                                ext++;
+                            }
                         }
                     }
-                }
-                if (ovf[b] == 0)
+                if (c < GROUP || ++g >= MAX_GROUPS)
                     break;
-                b = bnext(nb, b);
+                const shard *sh = &ix->sh[shard_of(fp)];
+                size_t b1, b2;
+                pair_of(sh->nb, fp, g, &b1, &b2);
+                b[0] = sh->slots + b1 * BUCKET;
+                b[1] = sh->slots + b2 * BUCKET;
             }
             if (!ext)
                 goto done;
@@ -651,10 +933,10 @@ size_t kvr_prefix_index_forget_worker(kvr_prefix_index *ix, size_t worker)
     wrec *w = &ix->w[wl];
     size_t dropped = 0;
     for (uint32_t s = w->head; s != NIL;) {
-        uint32_t nx = ix->slots[s].next;
-        uint64_t fp = ix->slots[s].kw >> 16;
-        table_remove(ix, s);
-        if (!fp_present(ix, fp))
+        /* Compaction in table_remove() only moves other workers' holdings, so the rest of
+         * this worker's list stays where it is. */
+        uint32_t nx = at(ix, s)->next;
+        if (table_remove(ix, s))
             ix->keys--;
         dropped++;
         s = nx;
@@ -700,8 +982,9 @@ void kvr_prefix_index_stats_get(const kvr_prefix_index *ix, kvr_prefix_index_sta
         out->workers += ix->w[i].used != 0;
     out->evictions = ix->evictions;
     out->forgotten = ix->forgotten;
-    out->table_slots = ix->nb * BUCKET;
-    out->memory_bytes = sizeof(*ix) + ix->nb * BUCKET * sizeof(slot) + ix->nb +
+    for (unsigned i = 0; i < NSHARDS; i++)
+        out->table_slots += ix->sh[i].nb * BUCKET;
+    out->memory_bytes = sizeof(*ix) + out->table_slots * sizeof(slot) +
                         ix->nw * (sizeof(wrec) + sizeof(uint32_t)) +
                         ix->next_alloc * sizeof(uint32_t) + ix->chain_alloc * sizeof(uint64_t) +
                         ix->cset_alloc * sizeof(uint64_t);

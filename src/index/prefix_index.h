@@ -13,11 +13,15 @@
  * recent than its descendants: a worker's least recently used block is always a leaf, shared
  * prefixes outlive their tails, and what a worker holds is always prefix-closed.
  *
- * Memory: one 16-byte slot per holding (48-bit key fingerprint, 16-bit worker, 32-bit LRU
- * links) in an open-addressed table filled up to 90 %, plus 1 byte per 8 slots; about 18-27
- * bytes per held block, i.e. 0.28-0.43 bytes of router memory per byte of text covered with
- * 64-byte blocks (docs/performance.md). Two limits bound it whatever the traffic, both enforced
- * on insert: a per-worker count of holdings (`--worker-index-blocks`) and a global count of
+ * Cost: matching hashes each block once and reads two cache lines per block (four or more
+ * only for blocks many workers share, which stay cached), whatever the index size.
+ *
+ * Memory: one 16-byte slot per holding (44-bit key fingerprint, holder group, 14-bit worker,
+ * 32-bit LRU links) in a cuckoo table filled up to 92 %: ~17.4 bytes per held block at steady
+ * state, up to 1.5x that right after a growth step, i.e. 0.27-0.41 bytes of router memory per
+ * byte of text covered with 64-byte blocks (docs/performance.md). The table never grows past
+ * what the per-worker caps can need. Two limits bound it whatever the traffic, both enforced on
+ * insert: a per-worker count of holdings (`--worker-index-blocks`) and a global count of
  * distinct keys (`--max-index-blocks`).
  *
  * Not thread-safe: owned by the loop thread. */
@@ -28,8 +32,11 @@
 
 /** Largest worker id the index accepts (ids are the registry's small stable indexes). */
 #define KVR_PREFIX_INDEX_MAX_WORKER_ID ((size_t)1 << 24)
-/** Most workers one index tracks at once (the worker field of a slot is 16 bits). */
-#define KVR_PREFIX_INDEX_MAX_WORKERS 65535u
+/** Most workers one index tracks at once (the worker field of a slot is 14 bits). */
+#define KVR_PREFIX_INDEX_MAX_WORKERS 16383u
+/** Most workers recorded as holding one block; a further worker is simply not recorded for
+ *  that block (a fleet that large shares its prefixes everywhere anyway). */
+#define KVR_PREFIX_INDEX_MAX_HOLDERS 256u
 /** Bytes of routing text per engine token assumed when converting a worker's KV capacity in
  *  tokens into index blocks (DESIGN §6: 64 bytes ≈ one 16-token vLLM block). */
 #define KVR_PREFIX_INDEX_BYTES_PER_TOKEN 4

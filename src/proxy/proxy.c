@@ -12,6 +12,7 @@
 #include "api/errors.h"
 #include "api/validate.h"
 #include "proxy/headers.h"
+#include "proxy/keys.h"
 #include "proxy/usage.h"
 #include "util/log.h"
 #include "util/oai_error.h"
@@ -27,6 +28,8 @@ typedef struct preq {
     kvr_upstream_attempt *att;
     kvr_worker *w;
     kvr_pick pick;
+    kvr_endpoint ep;
+    kvr_request_keys keys; /* freed once taught (2xx headers) or at the end */
     char *model;
     char request_id[72];
     char url[URL_CAP];
@@ -65,6 +68,7 @@ static void set_request_id(preq *p)
 
 static void preq_free(preq *p)
 {
+    kvr_request_keys_free(&p->keys);
     kvr_usage_free(&p->usage);
     free(p->model);
     free(p);
@@ -165,11 +169,15 @@ static void on_headers(void *ud, int status, const kvr_http_header *h, size_t n)
         snprintf(p->match, sizeof(p->match), "%.2f", p->pick.match);
         out[k++] = (kvr_http_header){"x-kvroute-match", 15, p->match, strlen(p->match)};
     }
-    kvr_usage_init(&p->usage, p->sse, status / 100 == 2 ? p->app->cfg.max_usage_bytes : 0);
+    int ok = status / 100 == 2;
+    kvr_usage_init(&p->usage, p->sse, ok ? p->app->cfg.max_usage_bytes : 0,
+                   ok && p->ep == KVR_EP_RESPONSES);
     kvr_http_resp_start(p->req, status, out, k, clen);
-    if (status / 100 == 2 && p->app->policy_ops->teach) {
-        /* Teaching at 2xx headers (DESIGN §10) lands in the cache_aware issue. */
-    }
+    /* Teach when the 2xx headers arrive (DESIGN §10): a burst sharing a new prefix gains
+     * affinity as soon as the first answer starts; failed attempts teach nothing. */
+    if (ok && p->app->policy_ops->teach)
+        p->app->policy_ops->teach(p->app->policy, p->w, &p->keys.k);
+    kvr_request_keys_free(&p->keys);
 }
 
 static int on_body(void *ud, const char *data, size_t len)
@@ -204,6 +212,9 @@ static void on_done(void *ud, kvr_upstream_err err, const char *msg, int got_hea
     attempt_ended(p, got_headers ? p->status : 0);
     if (err == KVR_UP_OK) {
         count_usage(p);
+        if (p->usage.response_id && app->response_pins)
+            kvr_session_map_bind(app->response_pins, p->usage.response_id,
+                                 strlen(p->usage.response_id), p->w->id, kvr_now_ms());
         kvr_api_count(app, p->req, p->model, p->status);
         kvr_http_resp_end(p->req);
         preq_free(p);
@@ -222,8 +233,8 @@ static void on_done(void *ud, kvr_upstream_err err, const char *msg, int got_hea
             {"x-kvroute-decision", 18, p->pick.decision, strlen(p->pick.decision)},
             {"x-request-id", 12, p->request_id, strlen(p->request_id)},
         };
-        int st = (err == KVR_UP_FIRST_BYTE_TIMEOUT || err == KVR_UP_CONNECT_TIMEOUT) ? 504 : 502;
-        kvr_api_error(app, p->req, p->model, st, text, NULL, "upstream_error", hs, 3);
+        /* 502 for every failure before a response, timeouts included (the issue's contract). */
+        kvr_api_error(app, p->req, p->model, 502, text, NULL, "upstream_error", hs, 3);
         preq_free(p);
         return;
     }
@@ -273,6 +284,25 @@ static void count_decision(preq *p)
     kvr_metric_inc(p->app->m.decisions, lv, 1);
 }
 
+/* A Responses API request continuing a stored response must reach the worker that holds it:
+ * exact identity, like a session id. Falls back to the policy when the pin is unknown or its
+ * worker is not eligible (the worker then answers for the missing response itself). */
+static int pick_pinned(kvr_app *app, const json_t *body, kvr_endpoint ep, kvr_pick *out)
+{
+    size_t len, wid;
+    const char *id = ep == KVR_EP_RESPONSES ? kvr_route_previous_response_id(body, &len) : NULL;
+    if (!id || !app->response_pins ||
+        kvr_session_map_get(app->response_pins, id, len, kvr_now_ms(), &wid) != 1)
+        return 0;
+    kvr_worker *w = kvr_registry_at(app->reg, wid);
+    if (!w || !kvr_worker_eligible(w))
+        return 0;
+    out->worker = w;
+    out->decision = "session_id_match";
+    out->match = -1;
+    return 1;
+}
+
 void kvr_proxy_handle(kvr_app *app, kvr_http_req *r, kvr_endpoint ep)
 {
     size_t blen;
@@ -303,20 +333,25 @@ void kvr_proxy_handle(kvr_app *app, kvr_http_req *r, kvr_endpoint ep)
         return;
     }
     preq *p = calloc(1, sizeof(*p));
-    if (!p || !(p->model = strdup(model))) {
-        free(p);
+    if (!p || !(p->model = strdup(model)) ||
+        kvr_request_keys_build(app, j, ep, r, &p->keys) < 0) {
+        if (p)
+            preq_free(p);
         json_decref(j);
         kvr_api_error(app, r, NULL, 503, "out of memory", NULL, NULL, NULL, 0);
         return;
     }
-    json_decref(j);
     p->app = app;
     p->req = r;
+    p->ep = ep;
     set_request_id(p);
 
     size_t ne = kvr_registry_eligible(app->reg, app->scratch);
-    kvr_route_keys keys = {0};
-    if (ne == 0 || app->policy_ops->pick(app->policy, app->scratch, ne, &keys, &p->pick) < 0) {
+    int picked = ne > 0 && pick_pinned(app, j, ep, &p->pick);
+    json_decref(j);
+    if (!picked && ne > 0)
+        picked = app->policy_ops->pick(app->policy, app->scratch, ne, &p->keys.k, &p->pick) == 0;
+    if (!picked) {
         char ra[24];
         snprintf(ra, sizeof(ra), "%llu", (unsigned long long)app->cfg.retry_after_s);
         kvr_http_header h[] = {{"Retry-After", 11, ra, strlen(ra)},
@@ -328,6 +363,10 @@ void kvr_proxy_handle(kvr_app *app, kvr_http_req *r, kvr_endpoint ep)
     }
     p->w = p->pick.worker;
     count_decision(p);
+    if (p->pick.match >= 0) {
+        const char *lv[] = {p->model};
+        kvr_metric_observe(app->m.match_ratio, lv, p->pick.match);
+    }
     build_forward_headers(p);
     if (kvr_worker_url(p->w, endpoint_path(ep), p->url, sizeof(p->url)) < 0) {
         kvr_api_error(app, r, p->model, 500, "worker URL too long", NULL, NULL, NULL, 0);

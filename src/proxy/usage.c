@@ -2,7 +2,10 @@
 #include "proxy/usage.h"
 
 #include <jansson.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "routing/keys.h"
 
 static void take(kvr_usage *u, const char *json, size_t len)
 {
@@ -15,22 +18,46 @@ static void take(kvr_usage *u, const char *json, size_t len)
         json_t *d = json_object_get(usage, "prompt_tokens_details");
         u->cached = json_integer_value(json_object_get(d, "cached_tokens"));
     }
+    size_t idlen;
+    const char *id = u->want_id && !u->response_id ? kvr_route_response_id(j, &idlen) : NULL;
+    if (id)
+        u->response_id = strndup(id, idlen);
     json_decref(j);
 }
 
-void kvr_usage_init(kvr_usage *u, int sse, size_t cap)
+void kvr_usage_init(kvr_usage *u, int sse, size_t cap, int want_id)
 {
     memset(u, 0, sizeof(*u));
+    u->want_id = want_id;
     kvr_buf_init(&u->buf, cap);
     u->sse = sse;
     u->overflow = cap == 0;
 }
 
+/* True when the line holds `"<name>"` followed by a colon and an object, whatever the spacing
+ * (vLLM writes compact JSON, Python's json.dumps does not). A cheap filter: only such lines
+ * are parsed, not every token chunk. */
+static int has_object_field(const char *line, size_t len, const char *quoted)
+{
+    size_t ql = strlen(quoted);
+    const char *end = line + len, *p = line;
+    while ((p = memmem(p, (size_t)(end - p), quoted, ql))) {
+        const char *q = p + ql;
+        while (q < end && (*q == ' ' || *q == ':'))
+            q++;
+        if (q < end && *q == '{')
+            return 1;
+        p += ql;
+    }
+    return 0;
+}
+
 static void sse_line(kvr_usage *u, const char *line, size_t len)
 {
-    static const char needle[] = "\"usage\":{";
-    if (len > 5 && memcmp(line, "data:", 5) == 0 &&
-        memmem(line, len, needle, sizeof(needle) - 1))
+    if (len <= 5 || memcmp(line, "data:", 5) != 0)
+        return;
+    if (has_object_field(line, len, "\"usage\"") ||
+        (u->want_id && !u->response_id && has_object_field(line, len, "\"response\"")))
         take(u, line + 5, len - 5);
 }
 
@@ -71,4 +98,6 @@ void kvr_usage_finish(kvr_usage *u)
 void kvr_usage_free(kvr_usage *u)
 {
     kvr_buf_free(&u->buf);
+    free(u->response_id);
+    u->response_id = NULL;
 }

@@ -1,4 +1,5 @@
-/* Reads token `usage` from a worker's response as it streams past, for
+/* Reads token `usage` (and, for the Responses API, the response id) from a worker's response
+ * as it streams past, for
  * kvroute_{prompt,cached,completion}_tokens_total (DESIGN §10): the JSON body's `usage`, or the
  * SSE chunk that carries one (the final chunk with stream_options.include_usage). SSE events
  * split across reads are reassembled before anything parses them. */
@@ -16,15 +17,19 @@ typedef struct kvr_usage {
     long long prompt;   /**< usage.prompt_tokens */
     long long cached;   /**< usage.prompt_tokens_details.cached_tokens */
     long long completion; /**< usage.completion_tokens */
+    int want_id;        /**< also look for the Responses API response id */
+    char *response_id;  /**< the id found (owned; NULL until found) */
 } kvr_usage;
 
-/** Starts a scan; `cap` bytes bound the memory kept (0 disables scanning). */
-void kvr_usage_init(kvr_usage *u, int sse, size_t cap);
+/** Starts a scan; `cap` bytes bound the memory kept (0 disables scanning); `want_id` also
+ *  captures the response id of a Responses API answer (routing/keys.h
+ *  kvr_route_response_id()). */
+void kvr_usage_init(kvr_usage *u, int sse, size_t cap, int want_id);
 /** Feeds response body bytes. */
 void kvr_usage_feed(kvr_usage *u, const char *data, size_t len);
 /** Parses what is buffered (JSON bodies) at the end of the response. */
 void kvr_usage_finish(kvr_usage *u);
-/** Frees the buffer. */
+/** Frees the buffer and the response id. */
 void kvr_usage_free(kvr_usage *u);
 
 #endif

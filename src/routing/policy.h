@@ -53,6 +53,8 @@ typedef struct kvr_policy_ops {
     /** `w` leaves (removed, restarted, cache cleared): forget everything about it now. */
     void (*forget_worker)(void *self, kvr_worker *w);
     void (*destroy)(void *self);
+    /** 1 when pick() reads the routing keys; 0 lets the proxy skip building them. */
+    int uses_keys;
 } kvr_policy_ops;
 
 /** Looks a policy up by name ("round_robin", "random", "least_load", "power_of_two",

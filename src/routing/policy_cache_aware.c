@@ -261,4 +261,5 @@ const kvr_policy_ops kvr_policy_cache_aware = {
     .teach = ca_teach,
     .forget_worker = ca_forget,
     .destroy = ca_destroy,
+    .uses_keys = 1,
 };

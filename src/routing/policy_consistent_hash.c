@@ -123,4 +123,5 @@ const kvr_policy_ops kvr_policy_consistent_hash = {
     .teach = NULL,
     .forget_worker = ch_forget,
     .destroy = ch_destroy,
+    .uses_keys = 1,
 };

@@ -62,4 +62,5 @@ const kvr_policy_ops kvr_policy_rendezvous_hash = {
     .teach = NULL,
     .forget_worker = NULL,
     .destroy = rv_destroy,
+    .uses_keys = 1,
 };

@@ -446,11 +446,6 @@ void kvr_up__attempt_trim(kvr_upstream_attempt *a)
     a->ud = NULL;
     if (a->head.alloc > KVR_UP_KEEP_BYTES)
         kvr_buf_free(&a->head);
-    if (a->rq_cap > KVR_UP_KEEP_BYTES) {
-        free(a->rq);
-        a->rq = NULL;
-        a->rq_cap = 0;
-    }
     if (a->hdrs_cap > KVR_UP_KEEP_HEADERS) {
         free(a->hdrs);
         free(a->hoff);
@@ -458,10 +453,13 @@ void kvr_up__attempt_trim(kvr_upstream_attempt *a)
         a->hoff = NULL;
         a->hdrs_cap = 0;
     }
-    if (a->nodes_cap > KVR_UP_KEEP_HEADERS) {
+    if (a->rq_cap > KVR_UP_KEEP_BYTES || a->nodes_cap > KVR_UP_KEEP_HEADERS) {
+        curl_easy_setopt(a->easy, CURLOPT_HTTPHEADER, NULL); /* no dangling list in the handle */
+        free(a->rq);
         free(a->nodes);
+        a->rq = NULL;
         a->nodes = NULL;
-        a->nodes_cap = 0;
+        a->rq_cap = a->nodes_cap = 0;
     }
 }
 

@@ -3,14 +3,20 @@
  *  - `depth` counts libcurl calls in progress that may run our callbacks (socket_action,
  *    easy_pause). While it is > 0, cancel only marks the attempt and queues it on the kill
  *    list, drained as soon as the outermost such call returns; start and resume are queued
- *    for the 0 ms "kick" timer (libcurl refuses curl_multi_add_handle inside its callbacks,
- *    and a resume there must not redeliver bytes to a callback that is still on the stack).
+ *    for the "kick" idle handle, i.e. the next loop iteration (libcurl refuses
+ *    curl_multi_add_handle inside its callbacks, and a resume there must not redeliver bytes
+ *    to a callback that is still on the stack).
+ *  - Our header/write callbacks return 0 for a cancelled attempt, so libcurl aborts that
+ *    transfer and closes its connection even before the handle is removed.
  *  - curl_multi_remove_handle only runs with depth == 0; removing an unfinished transfer makes
  *    libcurl close its connection (multi.c: "Removed with partial response" and
  *    multi_done(premature)), so a cancelled or timed-out worker sees the disconnect at once.
  *  - Completed transfers are collected with curl_multi_info_read after each socket_action;
  *    the handle is removed (returning the connection to the pool) before on_done runs, so
- *    on_done may start the next attempt on the same connection. */
+ *    on_done may start the next attempt on the same connection.
+ * Easy handles live with their attempt objects and are not curl_easy_reset between requests:
+ * options that never change are set once, the per-request ones are all set on every start
+ * (measured: about 5 fewer allocations per request than a reset, of about 38). */
 #include <assert.h>
 #include <stdlib.h>
 
@@ -73,7 +79,7 @@ static void release(kvr_upstream_attempt *a)
         recycle(a);
 }
 
-static void kick_cb(uv_timer_t *t);
+static void kick_cb(uv_idle_t *h);
 
 static void enqueue(kvr_upstream_attempt *a)
 {
@@ -88,7 +94,7 @@ static void enqueue(kvr_upstream_attempt *a)
         u->queue_tail = a;
     }
     if (!uv_is_active((uv_handle_t *)&u->kick))
-        uv_timer_start(&u->kick, kick_cb, 0, 0);
+        uv_idle_start(&u->kick, kick_cb);
 }
 
 static void remove_from_multi(kvr_upstream *u, kvr_upstream_attempt *a)
@@ -200,9 +206,13 @@ static void resume_now(kvr_upstream_attempt *a)
         kvr_up__finish(a, KVR_UP_OTHER, curl_easy_strerror(rc));
 }
 
-static void kick_cb(uv_timer_t *t)
+/* An idle handle, not a 0 ms timer: libuv 1.44 runs a 0 ms timer started from a timer callback
+ * in the same pass, so a consumer that keeps refusing bytes and asking for a resume would spin
+ * without ever polling; idle work queued while this runs waits for the next iteration. */
+static void kick_cb(uv_idle_t *h)
 {
-    kvr_upstream *u = t->data;
+    kvr_upstream *u = h->data;
+    uv_idle_stop(h);
     kvr_upstream_attempt *a = u->queue_head;
     u->queue_head = u->queue_tail = NULL;
     while (a) {
@@ -279,7 +289,7 @@ kvr_upstream *kvr_upstream_new(uv_loop_t *loop, const kvr_upstream_opts *opts)
     curl_multi_setopt(m, CURLMOPT_PIPELINING, (long)CURLPIPE_NOTHING); /* HTTP/1.1 only */
     uv_timer_init(loop, &u->curl_timer);
     u->curl_timer.data = u;
-    uv_timer_init(loop, &u->kick);
+    uv_idle_init(loop, &u->kick);
     u->kick.data = u;
     u->open_handles = 2;
     return u;

@@ -18,8 +18,12 @@ typedef struct kvr_upstream_attempt kvr_upstream_attempt;
 /** Options of the upstream client; times in milliseconds, 0 = no limit. */
 typedef struct kvr_upstream_opts {
     uint64_t connect_timeout_ms;     /**< TCP connect (default 5000) */
-    uint64_t first_byte_timeout_ms;  /**< request sent → response headers (default 600000) */
-    uint64_t stream_idle_timeout_ms; /**< max gap between body bytes (default 120000) */
+    uint64_t first_byte_timeout_ms;  /**< kvr_upstream_start() → final response headers, so
+                                          it also bounds waiting for a pooled connection and
+                                          connecting (default 600000) */
+    uint64_t stream_idle_timeout_ms; /**< max gap between body bytes, counted from the
+                                          headers; time paused by on_body returning 1 is not
+                                          counted (default 120000) */
     long max_host_connections;       /**< per worker (CURLMOPT_MAX_HOST_CONNECTIONS; 0 = none) */
     long max_total_connections;      /**< connection cache size (CURLMOPT_MAXCONNECTS; 1024) */
 } kvr_upstream_opts;
@@ -55,14 +59,20 @@ typedef struct kvr_upstream_cbs {
 
 /** Creates the client on `loop` (options copied). Never returns NULL (aborts on OOM). */
 kvr_upstream *kvr_upstream_new(uv_loop_t *loop, const kvr_upstream_opts *opts);
-/** Cancels every attempt (no on_done), closes libuv handles; frees once they are closed. */
+/** Cancels every attempt (no on_done), closes libuv handles; frees once they are closed.
+ *  Not from inside an upstream callback. */
 void kvr_upstream_close(kvr_upstream *u);
 
 /** Starts a request. `url` is absolute ("http://127.0.0.1:9001/v1/chat/completions");
  *  `h` are extra request headers sent as given (the caller drops hop-by-hop ones; Host and
- *  Content-Length are computed here). `body` (may be NULL when len 0) is NOT copied and must
- *  stay valid until on_done or cancel. `method` is "GET" or "POST" (others as given).
- *  Returns the attempt, or NULL when it could not be started (then no callback runs). */
+ *  Content-Length are computed here: Host, Content-Length, Expect, Transfer-Encoding and
+ *  Connection in `h` are ignored; no Content-Type or Accept is invented when `h` has none).
+ *  `body` (may be NULL when len 0) is NOT copied and must stay valid until on_done or cancel.
+ *  `method` is "GET" or "POST" (others as given). on_body and on_done are required,
+ *  on_headers may be NULL. May be called from inside callbacks (the transfer then begins on the
+ *  next loop iteration). Returns the attempt, or NULL when it could not be started (then no
+ *  callback runs): a URL that is not http:// or https://, control characters in a header,
+ *  a header name with ':' or blanks, or out of memory. */
 kvr_upstream_attempt *kvr_upstream_start(kvr_upstream *u, const char *method, const char *url,
                                          const kvr_http_header *h, size_t n, const char *body,
                                          size_t len, const kvr_upstream_cbs *cbs, void *ud);

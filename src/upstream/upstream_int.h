@@ -77,7 +77,7 @@ struct kvr_upstream {
     CURLM *multi;
     kvr_upstream_opts opts;
     uv_timer_t curl_timer; /* CURLMOPT_TIMERFUNCTION */
-    uv_timer_t kick;       /* 0 ms: deferred adds, resumes and failures */
+    uv_idle_t kick;        /* next loop iteration: deferred adds, resumes and failures */
     int depth;             /* > 0 while inside a libcurl call that may run our callbacks */
     int closing;
     size_t active;
@@ -97,7 +97,7 @@ void kvr_up__drive(kvr_upstream *u, curl_socket_t fd, int flags);
 /** Ends a running or pending attempt: removes it from the multi (closing its connection if the
  *  transfer was not complete), runs on_done, recycles. Only with u->depth == 0. */
 void kvr_up__finish(kvr_upstream_attempt *a, kvr_upstream_err kind, const char *msg);
-/** Fails `a` with `kind` on the next kick (for code that runs inside libcurl). */
+/** Fails `a` with `kind` on the next loop iteration (for code that runs inside libcurl). */
 void kvr_up__fail_later(kvr_upstream_attempt *a, kvr_upstream_err kind, const char *msg);
 /** Drops one libuv handle from the count and frees the client once closing and none is left. */
 void kvr_up__handle_closed(kvr_upstream *u);

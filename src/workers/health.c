@@ -38,6 +38,10 @@ static void on_health(void *ud, int status, const char *body, size_t len, int tr
             KVR_WARN("msg=\"worker unhealthy\" worker=%s status=%d kind=%s", w->url, status,
                      kvr_upstream_err_name(err));
         w->healthy = ok;
+        /* A worker that failed its check may come back restarted with an empty cache:
+         * what was learned about it is no longer true. */
+        if (!ok)
+            kvr_app_forget_worker(pr->app, w);
     }
     free(pr);
 }

@@ -247,7 +247,13 @@ def test_sigterm_drains_in_flight_then_exits_0(stub, kvroute):
         wait_until(lambda: _connect_refused(kv.port), 1.0, interval=0.05,
                    what="new connections to be refused after SIGTERM")
         evs = [ev["data"] for _, ev, _ in c.iter_sse(head[3], timeout=10)]
-        assert c.body_complete, "in-flight stream cut by SIGTERM after %d events" % len(evs)
+        t_eof = time.monotonic()
+        assert c.body_complete, (
+            "in-flight stream cut by SIGTERM after %d events (last %r; connection %s %.2fs after "
+            "SIGTERM; exit code %r; worker sent %d events, ended=%s)" % (
+                len(evs), evs[-1:], "reset" if c.reset else "closed" if c.eof else "open",
+                t_eof - t_term, kv.proc.wait(3.0), w.proxied()[0]["events_sent"],
+                w.proxied()[0]["ended"]))
         assert evs[-1] == "[DONE]" and len(evs) == 8, evs
     code = kv.proc.wait(5.0)
     assert code is not None, "kvroute still running 5 s after SIGTERM with nothing in flight"

@@ -198,7 +198,6 @@ typedef struct ctx {
     kvr_http_req *req;
     int mode, n, i;
     int gone;
-    int done;
 } ctx;
 
 static int qint(const char *target, const char *key, int def)
@@ -221,7 +220,6 @@ static void ctx_closed(uv_handle_t *h)
 
 static void ctx_finish(ctx *x)
 {
-    x->done = 1;
     uv_close((uv_handle_t *)&x->t, ctx_closed);
 }
 
@@ -393,7 +391,27 @@ static void handler(kvr_http_req *r, void *ud)
         ctx *x = ctx_new(f, r, M_BIG);
         kvr_http_resp_start(r, 200, NULL, 0, -1);
         uv_timer_start(&x->t, ctx_tick, 0, 0);
+    } else if (strcmp(path, "/headers") == 0) {
+        char out[4096];
+        size_t n = 0;
+        for (size_t i = 0; i < kvr_http_req_header_count(r) && n < sizeof(out) - 200; i++) {
+            const kvr_http_header *h = kvr_http_req_header_at(r, i);
+            n += (size_t)snprintf(out + n, sizeof(out) - n, "%.*s=%.*s|", (int)h->name_len,
+                                  h->name, (int)h->value_len, h->value);
+        }
+        check(f, kvr_http_req_header_at(r, 999) == NULL, "header_at out of range");
+        check(f, strchr(kvr_http_req_peer(r), ':') != NULL, "peer is ip:port");
+        check(f, kvr_http_req_start_ns(r) > 0, "start_ns set");
+        kvr_http_resp_simple(r, 200, "text/plain", NULL, 0, out, n);
     } else if (strcmp(path, "/noresp") == 0) {
+        kvr_http_resp_end(r);
+    } else if (strcmp(path, "/overflow") == 0) {
+        kvr_http_resp_start(r, 200, NULL, 0, 3);
+        check(f, kvr_http_resp_write(r, "abcdef", 6) == -1, "write past Content-Length is -1");
+        kvr_http_resp_end(r);
+    } else if (strcmp(path, "/short") == 0) {
+        kvr_http_resp_start(r, 200, NULL, 0, 10);
+        kvr_http_resp_write(r, "abc", 3);
         kvr_http_resp_end(r);
     } else if (strcmp(path, "/abort") == 0) {
         kvr_http_resp_start(r, 200, NULL, 0, -1);
@@ -420,6 +438,7 @@ typedef struct resp {
     size_t body_len;
     char *raw; /* body bytes as framed on the wire */
     size_t raw_len;
+    size_t body_cap, raw_cap;
 } resp;
 
 static void cli_open_buf(cli *c, int port, int rcvbuf)
@@ -550,14 +569,23 @@ static void resp_free(resp *r)
     r->body = r->raw = NULL;
 }
 
-static void append(char **dst, size_t *len, const char *p, size_t n)
+static void append(char **dst, size_t *len, size_t *cap, const char *p, size_t n)
 {
-    *dst = realloc(*dst, *len + n + 1);
-    assert_non_null(*dst);
+    if (*len + n + 1 > *cap) {
+        size_t c = *cap ? *cap : 256;
+        while (c < *len + n + 1)
+            c *= 2;
+        *dst = realloc(*dst, c);
+        assert_non_null(*dst);
+        *cap = c;
+    }
     memcpy(*dst + *len, p, n);
     *len += n;
     (*dst)[*len] = 0;
 }
+
+#define APPEND_BODY(r, p, n) append(&(r)->body, &(r)->body_len, &(r)->body_cap, (p), (n))
+#define APPEND_RAW(r, p, n) append(&(r)->raw, &(r)->raw_len, &(r)->raw_cap, (p), (n))
 
 /* Reads one response (head, then body by its framing). Returns 0, or -1 on timeout/EOF. */
 static int cli_read_resp_to(cli *c, resp *r, int head_req, int timeout_ms)
@@ -576,8 +604,8 @@ static int cli_read_resp_to(cli *c, resp *r, int head_req, int timeout_ms)
     if (sscanf(r->head, "HTTP/1.1 %d", &r->status) != 1)
         return -1;
     cli_consume(c, hl);
-    append(&r->body, &r->body_len, "", 0);
-    append(&r->raw, &r->raw_len, "", 0);
+    APPEND_BODY(r, "", 0);
+    APPEND_RAW(r, "", 0);
     if (r->status < 200 || r->status == 204 || r->status == 304 || head_req)
         return 0;
     char v[64];
@@ -593,8 +621,8 @@ static int cli_read_resp_to(cli *c, resp *r, int head_req, int timeout_ms)
             size_t sz = strtoul(c->buf, NULL, 16);
             if (cli_need(c, line + sz + 2, timeout_ms))
                 return -1;
-            append(&r->raw, &r->raw_len, c->buf, line + sz + 2);
-            append(&r->body, &r->body_len, c->buf + line, sz);
+            APPEND_RAW(r, c->buf, line + sz + 2);
+            APPEND_BODY(r, c->buf + line, sz);
             cli_consume(c, line + sz + 2);
             if (sz == 0)
                 return 0;
@@ -604,8 +632,8 @@ static int cli_read_resp_to(cli *c, resp *r, int head_req, int timeout_ms)
         size_t n = strtoul(v, NULL, 10);
         if (cli_need(c, n, timeout_ms))
             return -1;
-        append(&r->body, &r->body_len, c->buf, n);
-        append(&r->raw, &r->raw_len, c->buf, n);
+        APPEND_BODY(r, c->buf, n);
+        APPEND_RAW(r, c->buf, n);
         cli_consume(c, n);
         return 0;
     }
@@ -617,8 +645,8 @@ static int cli_read_resp_to(cli *c, resp *r, int head_req, int timeout_ms)
         if (k < 0)
             return -1;
     }
-    append(&r->body, &r->body_len, c->buf, c->len);
-    append(&r->raw, &r->raw_len, c->buf, c->len);
+    APPEND_BODY(r, c->buf, c->len);
+    APPEND_RAW(r, c->buf, c->len);
     cli_consume(c, c->len);
     return 0;
 }
@@ -917,6 +945,49 @@ static void test_b1_accepted(void **state)
     fx_stop(&f);
 }
 
+static void test_long_target_and_header_order(void **state)
+{
+    (void)state;
+    fx f;
+    kvr_http_limits l;
+    limits_small(&l);
+    fx_start(&f, &l);
+    /* a 3000-byte target: the header buffer grows while the path is copied out of it */
+    char req[8192], want[8192];
+    char q[3001];
+    memset(q, 'q', 3000);
+    q[3000] = 0;
+    snprintf(req, sizeof(req), "GET /echo/%s?x=1 HTTP/1.1\r\nHost: a\r\n\r\n", q);
+    cli c;
+    cli_open(&c, f.port);
+    cli_sends(&c, req);
+    resp r;
+    assert_int_equal(cli_read_resp(&c, &r), 0);
+    assert_int_equal(r.status, 404); /* /echo/qqq... is not /echo */
+    resp_free(&r);
+    snprintf(req, sizeof(req), "GET /echo?x=%s HTTP/1.1\r\nHost: a\r\n\r\n", q);
+    snprintf(want, sizeof(want), "GET /echo?x=%s path=/echo minor=1 host=a trim=[-] nh=1\n", q);
+    cli_sends(&c, req);
+    assert_int_equal(cli_read_resp(&c, &r), 0);
+    assert_int_equal(r.status, 200);
+    assert_string_equal(r.body, want);
+    resp_free(&r);
+    /* names as sent, in order, duplicates kept; values trimmed; empty value; Upgrade ignored */
+    cli_sends(&c, "GET /headers HTTP/1.1\r\nHost: h\r\nX-Dup: 1\r\nx-dup:2\r\nX-Empty:\r\n"
+                  "Connection: Upgrade\r\nUpgrade: websocket\r\n\r\n");
+    assert_int_equal(cli_read_resp(&c, &r), 0);
+    assert_int_equal(r.status, 200);
+    assert_string_equal(r.body, "Host=h|X-Dup=1|x-dup=2|X-Empty=|Connection=Upgrade|"
+                                "Upgrade=websocket|");
+    resp_free(&r);
+    cli_sends(&c, "GET /echo HTTP/1.1\r\nHost: b\r\n\r\n");
+    assert_int_equal(cli_read_resp(&c, &r), 0);
+    assert_int_equal(r.status, 200);
+    resp_free(&r);
+    cli_close(&c);
+    fx_stop(&f);
+}
+
 static void test_body_at_limit(void **state)
 {
     (void)state;
@@ -1134,6 +1205,22 @@ static void test_http10_and_chunked_framing(void **state)
     assert_int_equal(cli_closed(&c, 2000), 1);
     cli_close(&c);
 
+    /* a handler writing past its Content-Length: the excess is dropped, then close */
+    cli_open(&c, f.port);
+    cli_sends(&c, "GET /overflow HTTP/1.1\r\nHost: a\r\n\r\n");
+    assert_int_equal(cli_read_resp(&c, &r), 0);
+    assert_string_equal(r.body, "abc");
+    resp_free(&r);
+    assert_int_equal(cli_closed(&c, 2000), 1);
+    cli_close(&c);
+
+    /* ...or ending short of it: the close tells the client the body is truncated */
+    cli_open(&c, f.port);
+    cli_sends(&c, "GET /short HTTP/1.1\r\nHost: a\r\n\r\n");
+    assert_int_equal(cli_read_resp(&c, &r), -1);
+    resp_free(&r);
+    cli_close(&c);
+
     /* abort: truncated chunked body (no last chunk), then close */
     cli_open(&c, f.port);
     cli_sends(&c, "GET /abort HTTP/1.1\r\nHost: a\r\n\r\n");
@@ -1329,6 +1416,26 @@ static void test_backpressure(void **state)
     fx_stop(&f);
 }
 
+/* A client that stops reading is dropped after idle_timeout_ms without write progress (the
+ * send timeout), and the handler hears about it. */
+static void test_send_timeout(void **state)
+{
+    (void)state;
+    fx f;
+    kvr_http_limits l;
+    limits_fast(&l);
+    fx_start(&f, &l);
+    memset(big_chunk, 'B', sizeof(big_chunk));
+    cli c;
+    cli_open_buf(&c, f.port, 16384);
+    cli_sends(&c, "GET /big HTTP/1.1\r\nHost: a\r\n\r\n");
+    assert_true(fx_wait(&f, &f.full, 1, 5000));
+    assert_true(fx_wait(&f, &f.gone, 1, 5000));
+    assert_true(fx_wait(&f, &f.released, 1, 3000));
+    cli_close(&c);
+    fx_stop(&f);
+}
+
 static void test_stop_accepting(void **state)
 {
     (void)state;
@@ -1414,6 +1521,7 @@ int main(void)
         cmocka_unit_test(test_b1_rejections),
         cmocka_unit_test(test_b1_accepted),
         cmocka_unit_test(test_body_at_limit),
+        cmocka_unit_test(test_long_target_and_header_order),
         cmocka_unit_test(test_fragmented_request),
         cmocka_unit_test(test_pipelining),
         cmocka_unit_test(test_expect_continue),
@@ -1422,6 +1530,7 @@ int main(void)
         cmocka_unit_test(test_body_deadline_and_idle),
         cmocka_unit_test(test_client_gone),
         cmocka_unit_test(test_backpressure),
+        cmocka_unit_test(test_send_timeout),
         cmocka_unit_test(test_stop_accepting),
         cmocka_unit_test(test_close_with_owned_request),
     };

@@ -63,6 +63,9 @@ static void test_leading_space_belongs_to_word(void **state)
     assert_int_equal(t.len, 3);
     assert_int_equal(t.ids[2], kvr_sim_piece_id(" cat", 4));
     kvr_sim_toks_free(&t);
+    tok(&t, " cat and a much longer tail");
+    assert_int_equal(t.ids[0], kvr_sim_piece_id(" cat", 4)); /* 8-byte load path */
+    kvr_sim_toks_free(&t);
     tok(&t, "1234567");
     assert_int_equal(t.len, 3); /* 123 456 7 */
     kvr_sim_toks_free(&t);

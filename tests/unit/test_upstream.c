@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -43,7 +44,7 @@ static struct {
     atomic_int expect_of[MAX_IDS]; /* request id carried an Expect header */
     _Atomic uint64_t disc_ns[MAX_IDS]; /* when the server saw the client leave (0 = never) */
     pthread_mutex_t mu;
-    char head_of[MAX_IDS][1024]; /* request head (truncated) */
+    char head_of[MAX_IDS][4096]; /* request head (truncated) */
 } S;
 
 static int next_id = 1;
@@ -214,6 +215,14 @@ static int serve(int fd, const char *method, const char *path, const char *targe
         }
         return 1;
     }
+    if (!strcmp(path, "/manyhdr")) {
+        char big[8192];
+        size_t o = (size_t)snprintf(big, sizeof(big), "HTTP/1.1 200 OK\r\n");
+        for (int i = 0; i < 100; i++)
+            o += (size_t)snprintf(big + o, sizeof(big) - o, "X-R%d: v%d\r\n", i, i);
+        snprintf(big + o, sizeof(big) - o, "Content-Length: 0\r\n\r\n");
+        return send_str(fd, big) == 0;
+    }
     if (!strcmp(path, "/garbage")) {
         send_str(fd, "FOO BAR BAZ\r\n\r\n");
         return 0;
@@ -301,6 +310,8 @@ static void *listen_main(void *arg)
                 continue;
             break;
         }
+        int one = 1; /* the head and body go in separate sends: no Nagle delay between them */
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
         atomic_fetch_add(&S.live, 1);
         pthread_t t;
         if (pthread_create(&t, NULL, conn_main, (void *)(intptr_t)fd) != 0) {
@@ -379,7 +390,7 @@ struct rec {
     kvr_upstream_err err;
     char msg[256];
     kvr_buf body;
-    char heads[2048];
+    char heads[8192];
     char first_piece[128];
     uint64_t t_start, t_first_body, t_done, t_cancel;
     /* behaviour */
@@ -1182,6 +1193,37 @@ static void test_handle_reuse_across_methods(void **state)
     close_client(u);
 }
 
+/* 100 request and 100 response headers: more than an attempt keeps between requests, so the
+ * buffers are released and grown again on the next use of the same handle. */
+static void test_many_headers(void **state)
+{
+    (void)state;
+    kvr_upstream *u = new_client(0, 0, 0);
+    static char names[100][16], values[100][16];
+    kvr_http_header h[100];
+    for (int i = 0; i < 100; i++) {
+        snprintf(names[i], sizeof(names[i]), "X-H%d", i);
+        snprintf(values[i], sizeof(values[i]), "v%d", i);
+        h[i] = (kvr_http_header){names[i], strlen(names[i]), values[i], strlen(values[i])};
+    }
+    for (int round = 0; round < 2; round++) {
+        rec r;
+        rec_init(&r, u);
+        char url[256];
+        url_for(url, sizeof(url), S.port, "/manyhdr", r.id, NULL);
+        r.a = kvr_upstream_start(u, "GET", url, h, 100, NULL, 0, &CBS, &r);
+        assert_non_null(r.a);
+        assert_true(run_until(is_done, &r, 3000));
+        assert_int_equal(r.err, KVR_UP_OK);
+        assert_non_null(strstr(r.heads, "X-R0=[v0]\n"));
+        assert_non_null(strstr(r.heads, "X-R99=[v99]\n"));
+        assert_non_null(strstr(S.head_of[r.id], "\r\nX-H0: v0\r\n"));
+        assert_non_null(strstr(S.head_of[r.id], "\r\nX-H99: v99\r\n"));
+        rec_free(&r);
+    }
+    close_client(u);
+}
+
 static void test_bad_input(void **state)
 {
     (void)state;
@@ -1230,6 +1272,7 @@ int main(void)
         T(test_start_inside_callback),
         T(test_close_with_inflight),
         T(test_handle_reuse_across_methods),
+        T(test_many_headers),
         T(test_bad_input),
 #undef T
     };

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# What `make demo` runs after deps and build: the policy comparison (scripts/compare.sh) on the
+# two traces shipped in data/ — tau-bench airline (agent conversations with tool calls, a shared
+# 6 KB policy prompt) and the Mooncake FAST'25 conversation trace (Kimi production arrivals and
+# prefix-block ids) — and both tables on stdout. Sized to finish in under 5 minutes on 2 cores:
+# the whole tau-bench trace (2,023 requests) and the first 1,000 Mooncake requests (330 s of
+# the trace), both at time scale 0.05 (one simulated second = 50 ms of wall time).
+# Results (JSON, PNG) go to $DEMO_OUT (default out/demo/).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+OUT=${DEMO_OUT:-$ROOT/out/demo}
+cd "$ROOT"
+mkdir -p "$OUT"
+for d in data/tau-bench-airline-gpt4o data/mooncake-fast25-conversation; do
+    [ -d "$d" ] || { echo "demo.sh: $d is missing (the project ships it)" >&2; exit 1; }
+done
+png=()
+command -v gnuplot >/dev/null && png=(--png)
+
+start=$(date +%s)
+echo "== tau-bench airline (GPT-4o agent, 140 conversations, 2,023 requests)"
+scripts/compare.sh --trace data/tau-bench-airline-gpt4o --format tau \
+    --time-scale 0.05 --json "$OUT/tau.json" ${png[@]+"${png[@]}" "$OUT/tau.png"}
+echo
+echo "== Mooncake FAST'25 conversation trace (first 1,000 requests, arrivals x 0.05)"
+scripts/compare.sh --trace data/mooncake-fast25-conversation --format mooncake \
+    --max-requests 1000 --time-scale 0.05 --json "$OUT/mooncake.json" \
+    ${png[@]+"${png[@]}" "$OUT/mooncake.png"}
+echo
+echo "demo: finished in $(($(date +%s) - start)) s; JSON${png[@]+ and PNG} in $OUT"
+echo "(hit rate: prompt tokens served from the workers' prefix caches; of bound: share of what one"
+echo " worker holding the whole fleet's KV capacity reached; vs RR: prefill work left, relative"
+echo " to round_robin; load max/mean: busiest worker's requests over the mean. docs/bench.md)"

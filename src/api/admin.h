@@ -1,0 +1,22 @@
+/* The admin listener (--admin-port, off by default; loopback unless --admin-host says
+ * otherwise): GET /workers and POST /debug/route. With --admin-token-file every request must
+ * carry `Authorization: Bearer <token>` (401 otherwise). */
+#ifndef KVR_API_ADMIN_H
+#define KVR_API_ADMIN_H
+#include "app/app.h"
+
+/** Loads the token (first line of the file, surrounding whitespace trimmed) when configured.
+ *  Returns 0, or -1 with a message in `err` (cap bytes) when the file cannot be read or is
+ *  empty. */
+int kvr_admin_load_token(kvr_app *app, char *err, size_t cap);
+/** The kvr_http_handler of the admin listener; `ud` is the kvr_app.
+ *  GET /workers → {"workers":[{url, eligible, healthy, draining, inflight, requests,
+ *  index_blocks, index_capacity, sessions, queue, running, kv_usage, kv_tokens}]}.
+ *  POST /debug/route (body = a request as a client would send it, headers = its headers;
+ *  endpoint from `?endpoint=chat|completions|responses`, else guessed from the body's fields)
+ *  → the decision kvroute would make now, without forwarding or teaching:
+ *  {policy, decision, worker, match, session_key_bytes, routing_text_bytes,
+ *   workers:[{url, match, matched_bytes, inflight, overloaded, session_owner}]}. */
+void kvr_admin_handle(kvr_http_req *r, void *ud);
+
+#endif

@@ -1,0 +1,126 @@
+/* Worker metrics scraping. */
+#include "workers/scrape.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/log.h"
+#include "workers/fetch.h"
+
+#define BODY_CAP (4 * 1024 * 1024)
+
+static uv_timer_t g_timer;
+static int g_running;
+static void (*g_on_capacity)(kvr_app *, kvr_worker *);
+
+static void add(double *slot, double v)
+{
+    *slot = *slot < 0 ? v : *slot + v;
+}
+
+static const char *label(const kvr_prom_sample *s, const char *name)
+{
+    for (size_t i = 0; i < s->nlabels; i++)
+        if (strcmp(s->label_names[i], name) == 0)
+            return s->label_values[i];
+    return NULL;
+}
+
+static void on_sample(void *ud, const kvr_prom_sample *s)
+{
+    kvr_scrape_result *r = ud;
+    if (strcmp(s->name, "vllm:num_requests_running") == 0) {
+        add(&r->running, s->value);
+    } else if (strcmp(s->name, "vllm:num_requests_waiting") == 0) {
+        add(&r->waiting, s->value);
+    } else if (strcmp(s->name, "vllm:kv_cache_usage_perc") == 0 ||
+               strcmp(s->name, "vllm:gpu_cache_usage_perc") == 0) {
+        if (s->value > r->kv_usage)
+            r->kv_usage = s->value;
+    } else if (strcmp(s->name, "vllm:cache_config_info") == 0) {
+        const char *nb = label(s, "num_gpu_blocks"), *bs = label(s, "block_size");
+        if (nb && bs && atof(nb) > 0 && atof(bs) > 0)
+            r->kv_tokens = atof(nb) * atof(bs);
+    }
+}
+
+void kvr_scrape_parse(const char *text, size_t len, kvr_scrape_result *out)
+{
+    out->running = out->waiting = out->kv_usage = out->kv_tokens = -1;
+    kvr_prom_parse(text, len, on_sample, out);
+}
+
+typedef struct probe {
+    kvr_app *app;
+    size_t worker_id;
+} probe;
+
+static void on_metrics(void *ud, int status, const char *body, size_t len, int truncated,
+                       kvr_upstream_err err)
+{
+    (void)truncated;
+    (void)err;
+    probe *pr = ud;
+    kvr_app *app = pr->app;
+    kvr_worker *w = kvr_registry_at(app->reg, pr->worker_id);
+    free(pr);
+    if (!w || status != 200)
+        return;
+    kvr_scrape_result r;
+    kvr_scrape_parse(body, len, &r);
+    w->running = r.running;
+    w->queue = r.waiting;
+    w->kv_usage = r.kv_usage;
+    const char *lv[] = {w->url};
+    if (r.waiting >= 0)
+        kvr_metric_set(app->m.queue, lv, r.waiting);
+    if (r.kv_usage >= 0)
+        kvr_metric_set(app->m.kv_usage, lv, r.kv_usage);
+    int64_t tokens = r.kv_tokens >= 0 ? (int64_t)r.kv_tokens : -1;
+    if (tokens != w->kv_tokens) {
+        w->kv_tokens = tokens;
+        KVR_INFO("msg=\"worker KV capacity\" worker=%s tokens=%lld", w->url, (long long)tokens);
+        if (g_on_capacity && tokens > 0)
+            g_on_capacity(app, w);
+    }
+}
+
+static void round_cb(uv_timer_t *t)
+{
+    kvr_app *app = t->data;
+    for (size_t i = 0; i < kvr_registry_count(app->reg); i++) {
+        kvr_worker *w = kvr_registry_at(app->reg, i);
+        char url[2048];
+        probe *pr = malloc(sizeof(*pr));
+        if (!pr || kvr_worker_url(w, "/metrics", url, sizeof(url)) < 0) {
+            free(pr);
+            continue;
+        }
+        pr->app = app;
+        pr->worker_id = w->id;
+        uint64_t timeout = app->cfg.scrape_interval_s * 1000;
+        if (kvr_fetch(app->loop, app->up, url, BODY_CAP, timeout, on_metrics, pr) < 0)
+            free(pr);
+    }
+}
+
+void kvr_scrape_start(kvr_app *app, void (*on_capacity)(kvr_app *app, kvr_worker *w))
+{
+    if (!app->cfg.scrape_interval_s)
+        return;
+    g_on_capacity = on_capacity;
+    uv_timer_init(app->loop, &g_timer);
+    g_timer.data = app;
+    uv_timer_start(&g_timer, round_cb, 0, app->cfg.scrape_interval_s * 1000);
+    g_running = 1;
+}
+
+void kvr_scrape_stop(kvr_app *app)
+{
+    (void)app;
+    if (g_running) {
+        g_running = 0;
+        uv_timer_stop(&g_timer);
+        uv_close((uv_handle_t *)&g_timer, NULL);
+    }
+}

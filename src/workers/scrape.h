@@ -1,0 +1,26 @@
+/* Worker metrics scraping: every --scrape-interval seconds kvroute reads each worker's
+ * /metrics (vLLM's Prometheus names, vllm/v1/metrics/loggers.py) without blocking the loop. */
+#ifndef KVR_WORKERS_SCRAPE_H
+#define KVR_WORKERS_SCRAPE_H
+#include "app/app.h"
+
+/** What one scrape found; fields are -1 when the worker did not publish them. */
+typedef struct kvr_scrape_result {
+    double running;   /**< Σ vllm:num_requests_running */
+    double waiting;   /**< Σ vllm:num_requests_waiting */
+    double kv_usage;  /**< max vllm:kv_cache_usage_perc (older: vllm:gpu_cache_usage_perc), 0..1 */
+    double kv_tokens; /**< num_gpu_blocks × block_size from vllm:cache_config_info labels */
+} kvr_scrape_result;
+
+/** Parses a vLLM /metrics text into `out`. Pure; used by the scraper and its tests. */
+void kvr_scrape_parse(const char *text, size_t len, kvr_scrape_result *out);
+
+/** Starts the periodic scrape (no-op when cfg.scrape_interval_s is 0). Results go into each
+ *  worker's queue/running/kv_usage/kv_tokens, the gauges app->m.queue and app->m.kv_usage,
+ *  and `on_capacity` (may be NULL) when a worker's KV
+ *  capacity becomes known or changes. */
+void kvr_scrape_start(kvr_app *app, void (*on_capacity)(kvr_app *app, kvr_worker *w));
+/** Stops the timer. */
+void kvr_scrape_stop(kvr_app *app);
+
+#endif

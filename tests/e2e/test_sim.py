@@ -1,0 +1,607 @@
+"""End-to-end tests of kvroute-sim: real processes on 127.0.0.1, every wait bounded.
+
+Self-contained: starts build/kvroute-sim (or $KVROUTE_BUILD/kvroute-sim) on free ports, waits
+for /health, and stops it by pid at teardown. Uses python3 stdlib, httpx, zmq and msgpack
+(Debian packages; run with /usr/bin/python3 -m pytest).
+"""
+
+import http.client
+import json
+import os
+import pathlib
+import re
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+
+import httpx
+import msgpack
+import pytest
+import zmq
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+BUILD = pathlib.Path(os.environ.get("KVROUTE_BUILD", REPO / "build"))
+SIM = BUILD / "kvroute-sim"
+MODEL = "sim-model"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Sim:
+    """One kvroute-sim process."""
+
+    def __init__(self, *args):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [str(SIM), "--port", str(self.port), "--model", MODEL, "--log-level", "warn"]
+        cmd += [str(a) for a in args]
+        self.log = tempfile.TemporaryFile()  # not a pipe: a full pipe would block the sim
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log)
+        self.client = httpx.Client(base_url=self.url, timeout=10.0)
+        deadline = time.monotonic() + 10
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"kvroute-sim exited {self.proc.returncode}: {self.read_log()}")
+            try:
+                # any answer means it is listening (a --health-status test may get 503)
+                self.client.get("/health", timeout=0.5)
+                break
+            except httpx.TransportError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("kvroute-sim did not start within 10 s")
+                time.sleep(0.05)
+
+    def read_log(self):
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")
+
+    def stop(self):
+        """SIGTERM, then a clean exit is expected (status 0; under ASan, no leak report)."""
+        self.client.close()
+        killed = False
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=5)
+                killed = True
+        err = self.read_log()
+        self.log.close()
+        assert not killed, "kvroute-sim did not stop within 10 s of SIGTERM"
+        assert self.proc.returncode == 0, f"kvroute-sim exited {self.proc.returncode}:\n{err[-4000:]}"
+
+    # --- helpers ---
+    def chat(self, messages, max_tokens=16, **kw):
+        body = {"model": MODEL, "messages": messages, "max_tokens": max_tokens, **kw}
+        r = self.client.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def tokenize(self, **body):
+        r = self.client.post("/tokenize", json=body)
+        assert r.status_code == 200, r.text
+        return r.json()["tokens"]
+
+    def metrics(self):
+        text = self.client.get("/metrics").text
+        out = {}
+        for line in text.splitlines():
+            if line.startswith("#") or not line.strip():
+                continue
+            m = re.match(r'^([^{\s]+)(\{[^}]*\})?\s+(\S+)$', line)
+            if m:
+                out[(m.group(1), m.group(2) or "")] = float(m.group(3))
+        return out
+
+    def stats(self):
+        return self.client.get("/sim/stats").json()
+
+
+@pytest.fixture
+def sim_factory():
+    sims = []
+
+    def make(*args):
+        s = Sim(*args)
+        sims.append(s)
+        return s
+
+    yield make
+    errors = []
+    for s in sims:
+        try:
+            s.stop()
+        except AssertionError as e:
+            errors.append(str(e))
+    assert not errors, errors
+
+
+@pytest.fixture
+def sim(sim_factory):
+    return sim_factory("--time-scale", "0")
+
+
+def lines(response):
+    """SSE lines without their line endings (httpx 0.23's iter_lines keeps them)."""
+    for line in response.iter_lines():
+        yield line.rstrip("\r\n")
+
+
+def series(metrics, name, **labels):
+    """Value of the series `name` whose labels include `labels`."""
+    for (n, lab), v in metrics.items():
+        if n == name and all(f'{k}="{val}"' in lab for k, val in labels.items()):
+            return v
+    raise KeyError(name)
+
+
+SYSTEM = {"role": "system", "content": "You are a careful assistant who answers briefly. " * 8}
+
+
+def test_conversation_cached_tokens_grow_on_the_serving_worker(sim_factory):
+    warm = sim_factory("--time-scale", "0")
+    fresh = sim_factory("--time-scale", "0")
+    messages = [SYSTEM, {"role": "user", "content": "Tell me about prefix caching in vLLM."}]
+    cached = []
+    prev_prompt = 0
+    for turn in range(5):
+        resp = warm.chat(messages, max_tokens=24)
+        usage = resp["usage"]
+        cached.append(usage["prompt_tokens_details"]["cached_tokens"])
+        assert usage["completion_tokens"] == 24
+        assert usage["prompt_tokens"] > prev_prompt
+        # everything before this turn's new user message was cached (block-aligned)
+        if turn > 0:
+            assert cached[-1] >= prev_prompt - 16
+            assert cached[-1] % 16 == 0
+        prev_prompt = usage["prompt_tokens"]
+        answer = resp["choices"][0]["message"]["content"]
+        # the same conversation on a worker that never saw it: nothing cached
+        cold = fresh.chat(messages, max_tokens=1) if turn == 4 else None
+        if cold:
+            assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+            assert cold["usage"]["prompt_tokens"] == usage["prompt_tokens"]
+        messages = messages + [
+            {"role": "assistant", "content": answer},
+            {"role": "user", "content": f"And what about turn {turn + 2}?"},
+        ]
+    assert cached[0] == 0
+    assert all(b > a for a, b in zip(cached, cached[1:])), cached
+
+
+def test_tokenize_prefix_property_across_turns(sim):
+    msgs = [SYSTEM, {"role": "user", "content": "hi there"}]
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+    prev = sim.tokenize(messages=msgs, tools=tools)
+    assert prev == sim.tokenize(messages=msgs, tools=tools)  # deterministic
+    for turn in range(3):
+        resp = sim.chat(msgs, max_tokens=20, tools=tools)
+        answer = resp["choices"][0]["message"]["content"]
+        msgs = msgs + [
+            {"role": "assistant", "content": answer,
+             "tool_calls": [{"id": f"c{turn}", "type": "function",
+                             "function": {"name": "lookup", "arguments": "{\"q\": 1}"}}]},
+            {"role": "tool", "tool_call_id": f"c{turn}", "content": "result"},
+            {"role": "user", "content": "more"},
+        ]
+        cur = sim.tokenize(messages=msgs, tools=tools)
+        assert cur[: len(prev)] == prev
+        assert len(cur) > len(prev) + 20
+        prev = cur
+    assert all(0 <= t < 128256 for t in prev)
+    # completions form, with and without special tokens
+    with_bos = sim.tokenize(prompt="hello world")
+    assert with_bos[0] == 128000
+    assert sim.tokenize(prompt="hello world", add_special_tokens=False) == with_bos[1:]
+
+
+def test_metrics_agree_with_usage(sim):
+    totals = {"prompt": 0, "completion": 0, "cached": 0}
+    n = 0
+    for i in range(6):
+        msgs = [SYSTEM, {"role": "user", "content": f"question {i % 3}"}]
+        stream = i % 2 == 1
+        body = {"model": MODEL, "messages": msgs, "max_tokens": 5 + i, "stream": stream,
+                "stream_options": {"include_usage": True}}
+        r = sim.client.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200
+        if stream:
+            usage = [json.loads(l[6:]) for l in r.text.splitlines()
+                     if l.startswith("data: {")][-1]["usage"]
+        else:
+            usage = r.json()["usage"]
+        totals["prompt"] += usage["prompt_tokens"]
+        totals["completion"] += usage["completion_tokens"]
+        totals["cached"] += usage["prompt_tokens_details"]["cached_tokens"]
+        n += 1
+    r = sim.client.post("/v1/completions", json={"prompt": "once upon a time", "max_tokens": 3})
+    usage = r.json()["usage"]
+    totals["prompt"] += usage["prompt_tokens"]
+    totals["completion"] += usage["completion_tokens"]
+    totals["cached"] += usage["prompt_tokens_details"]["cached_tokens"]
+    n += 1
+    assert totals["cached"] > 0
+    m = sim.metrics()
+    lab = {"model_name": MODEL}
+    assert series(m, "vllm:prompt_tokens_total", **lab) == totals["prompt"]
+    assert series(m, "vllm:generation_tokens_total", **lab) == totals["completion"]
+    assert series(m, "vllm:prefix_cache_queries_total", **lab) == totals["prompt"]
+    assert series(m, "vllm:prefix_cache_hits_total", **lab) == totals["cached"]
+    assert series(m, "vllm:request_success_total", finished_reason="length", **lab) == n
+    assert series(m, "vllm:time_to_first_token_seconds_count", **lab) == n
+    assert series(m, "vllm:num_requests_running", **lab) == 0
+    assert series(m, "vllm:num_requests_waiting", **lab) == 0
+    assert series(m, "vllm:kv_cache_usage_perc", **lab) == 0
+    assert series(m, "vllm:cache_config_info", block_size="16", num_gpu_blocks="28000") == 1
+
+
+def test_response_shapes_and_streaming(sim):
+    msgs = [{"role": "user", "content": "hello"}]
+    r = sim.client.post("/v1/chat/completions", headers={"x-request-id": "abc-1"},
+                        json={"messages": msgs})  # model omitted, default max_tokens 16
+    body = r.json()
+    assert r.headers["content-type"].startswith("application/json")
+    assert r.headers["x-request-id"] == "abc-1"
+    assert body["object"] == "chat.completion" and body["model"] == MODEL
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "length" and choice["message"]["role"] == "assistant"
+    assert body["usage"]["completion_tokens"] == 16
+    assert body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"] + 16
+    # the same prompt twice gives the same text (deterministic, like temperature 0)
+    assert sim.chat(msgs)["choices"][0]["message"]["content"] == choice["message"]["content"]
+
+    with sim.client.stream("POST", "/v1/chat/completions",
+                           json={"messages": msgs, "max_tokens": 4, "stream": True}) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = [l[6:] for l in lines(r) if l.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert len(chunks) == 5 and all("usage" not in c for c in chunks)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    assert text == sim.chat(msgs, max_tokens=4)["choices"][0]["message"]["content"]
+
+    r = sim.client.post("/v1/completions", json={"prompt": "abc", "max_tokens": 3, "stream": True,
+                                                 "stream_options": {"include_usage": True}})
+    events = [l[6:] for l in r.text.splitlines() if l.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    last = json.loads(events[-2])
+    assert last["choices"] == [] and last["usage"]["completion_tokens"] == 3
+    assert json.loads(events[0])["object"] == "text_completion"
+
+    models = sim.client.get("/v1/models").json()
+    assert models["data"][0]["id"] == MODEL
+    assert sim.client.get("/health").status_code == 200
+
+
+def test_errors(sim):
+    c = sim.client
+    r = c.post("/v1/chat/completions", content=b"{not json")
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    r = c.post("/v1/chat/completions", json={"model": "other", "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 404 and "does not exist" in r.json()["error"]["message"]
+    assert c.post("/v1/chat/completions", json={"messages": []}).status_code == 400
+    assert c.post("/v1/chat/completions",
+                  json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}).status_code == 400
+    r = c.post("/v1/chat/completions",
+               json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 200000})
+    assert r.status_code == 400 and "maximum context length" in r.json()["error"]["message"]
+    assert c.post("/v1/completions", json={"prompt": ["a", "b"]}).status_code == 400
+    assert c.get("/v1/chat/completions").status_code == 405
+    assert c.get("/nope").status_code == 404
+    # still serving
+    assert sim.chat([{"role": "user", "content": "x"}], max_tokens=1)["usage"]["completion_tokens"] == 1
+
+
+def ttft_of(sim, body):
+    """Seconds to the first SSE content event. http.client sends headers and body in one
+    write, so the client's Nagle + the server's delayed ACK add nothing (httpx 0.23 would)."""
+    conn = http.client.HTTPConnection("127.0.0.1", sim.port, timeout=10)
+    try:
+        payload = json.dumps({**body, "stream": True}).encode()
+        t0 = time.monotonic()
+        conn.request("POST", "/v1/chat/completions", body=payload,
+                     headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        assert resp.status == 200
+        while True:
+            line = resp.readline()
+            assert line, "stream ended before any token"
+            if line.startswith(b"data: {") and b'"content":"' in line:
+                return time.monotonic() - t0
+    finally:
+        conn.close()
+
+
+def test_cache_hit_shortens_ttft(sim_factory):
+    # real time, a long prompt: cold prefill = 6 ms + ~3500 tokens × 25 µs ≈ 0.09 s;
+    # warm (all but the last block cached) ≈ 6.4 ms
+    s = sim_factory("--time-scale", "1")
+    body = {"messages": [{"role": "user", "content": "lorem ipsum dolor sit amet " * 700}],
+            "max_tokens": 2}
+    cold, warm = ttft_of(s, body), ttft_of(s, body)
+    assert cold > 0.08, cold
+    assert warm < cold / 2, (cold, warm)
+    # the engine's own histogram saw the same two first tokens
+    m = s.metrics()
+    assert series(m, "vllm:time_to_first_token_seconds_count") == 2
+    assert series(m, "vllm:time_to_first_token_seconds_sum") == pytest.approx(cold + warm, abs=0.03)
+
+
+def test_queueing_beyond_max_num_seqs(sim_factory):
+    s = sim_factory("--time-scale", "1", "--max-num-seqs", "1", "--step-overhead-us", "20000",
+                    "--decode-us-per-token", "0")
+    # each request: 10 steps of 20 ms; the second waits for the first
+    results = {}
+
+    def run(i):
+        t0 = time.monotonic()
+        s.chat([{"role": "user", "content": f"q{i}"}], max_tokens=10)
+        results[i] = time.monotonic() - t0
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    # while the first runs (~0.2 s), the second waits: poll until both are in (bounded)
+    deadline, seen = time.monotonic() + 2, None
+    while time.monotonic() < deadline:
+        m = s.metrics()
+        seen = (series(m, "vllm:num_requests_running"), series(m, "vllm:num_requests_waiting"))
+        if seen == (1, 1):
+            break
+        time.sleep(0.01)
+    assert seen == (1, 1), seen
+    for t in threads:
+        t.join(timeout=10)
+    assert max(results.values()) > 0.35
+
+
+def test_client_disconnect_frees_blocks(sim_factory):
+    s = sim_factory("--time-scale", "1")
+    with s.client.stream("POST", "/v1/chat/completions",
+                         json={"messages": [{"role": "user", "content": "long story " * 100}],
+                               "max_tokens": 5000, "stream": True}) as r:
+        for line in lines(r):
+            if line.startswith("data: {"):
+                break
+        assert s.stats()["kv_blocks_used"] > 0
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        st = s.stats()
+        if st["running"] == 0 and st["kv_blocks_used"] == 0:
+            break
+        time.sleep(0.02)
+    assert st["running"] == 0 and st["kv_blocks_used"] == 0, st
+    assert st["kv_blocks_cached"] > 0  # freed blocks stay cached
+
+
+def test_eviction_under_capacity(sim_factory):
+    s = sim_factory("--time-scale", "0", "--kv-blocks", "64")
+    a = [{"role": "user", "content": "alpha " * 600}]  # ~610 tokens: 38 full blocks
+    b = [{"role": "user", "content": "bravo " * 600}]
+    s.chat(a, max_tokens=1)
+    before = s.chat(a, max_tokens=1)["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert before >= 600
+    s.chat(b, max_tokens=1)  # 64 blocks cannot hold both: LRU evicts a's tail first (vLLM)
+    after = s.chat(a, max_tokens=1)["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert 0 < after < before, (before, after)
+    assert s.stats()["evictions"] > 0
+    # ~1000 tokens take 63 of the 64 blocks: at most a's head block (freed last) survives
+    s.chat([{"role": "user", "content": "delta " * 990}], max_tokens=1)
+    assert s.chat(a, max_tokens=1)["usage"]["prompt_tokens_details"]["cached_tokens"] <= 16
+    # a request that can never fit gets 400, not a hang
+    r = s.client.post("/v1/chat/completions",
+                      json={"messages": [{"role": "user", "content": "x " * 2000}], "max_tokens": 1})
+    assert r.status_code == 400
+
+
+# ---- KV events ----
+
+def recv_batch(sock, timeout_ms=3000):
+    if not sock.poll(timeout_ms):
+        raise AssertionError("no KV event batch within timeout")
+    return sock.recv_multipart()
+
+
+def decode_events(payload):
+    ts, events, dp_rank = msgpack.unpackb(payload, raw=False)
+    assert isinstance(ts, float) and dp_rank == 0
+    out = []
+    for e in events:
+        if isinstance(e, dict):
+            out.append(e)
+        else:  # positional: tag then fields in declaration order
+            names = {"BlockStored": ["block_hashes", "parent_block_hash", "token_ids", "block_size",
+                                     "lora_id", "medium", "lora_name", "extra_keys", "group_idx",
+                                     "kv_cache_spec_kind"],
+                     "BlockRemoved": ["block_hashes", "medium", "group_idx"],
+                     "AllBlocksCleared": []}[e[0]]
+            out.append({"type": e[0], **dict(zip(names, e[1:]))})
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["array", "map"])
+def test_kv_events_decode_with_python(sim_factory, fmt):
+    pub, rep = free_port(), free_port()
+    s = sim_factory("--time-scale", "0", "--kv-events-format", fmt, "--kv-events-bind", "bind",
+                    "--kv-events-endpoint", f"tcp://127.0.0.1:{pub}",
+                    "--kv-events-replay-endpoint", f"tcp://127.0.0.1:{rep}",
+                    "--kv-events-topic", "kv@sim", "--kv-blocks", "40")
+    ctx = zmq.Context()
+    try:
+        msgs = [{"role": "user", "content": "The quick brown fox jumps over the lazy dog. " * 12}]
+        tokens = s.tokenize(messages=msgs)
+        s.chat(msgs, max_tokens=8)
+
+        # replay from 0 over a DEALER: everything so far, then the end marker
+        dealer = ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.connect(f"tcp://127.0.0.1:{rep}")
+        dealer.send_multipart([b"", (0).to_bytes(8, "big")])
+        batches = []
+        while True:
+            frames = recv_batch(dealer)
+            assert frames[0] == b"" and len(frames) == 4  # [empty, topic, seq, payload]
+            assert frames[1] == b"kv@sim"
+            seq = int.from_bytes(frames[2], "big")
+            if seq == 2**64 - 1:
+                assert frames[3] == b""
+                break
+            batches.append((seq, decode_events(frames[3])))
+        assert [b[0] for b in batches] == list(range(len(batches)))
+        stored = [e for _, evs in batches for e in evs if e["type"] == "BlockStored"]
+        first = stored[0]
+        assert first["parent_block_hash"] is None and first["block_size"] == 16
+        assert first["medium"] == "GPU" and first["lora_id"] is None
+        n = len(first["block_hashes"])
+        assert first["token_ids"] == tokens[: 16 * n]  # the engine cached the prompt as tokenized
+        assert all(isinstance(h, int) and 0 <= h < 2**64 for h in first["block_hashes"])
+        if len(stored) > 1:  # decode blocks chain onto the prompt's last block
+            assert stored[1]["parent_block_hash"] == first["block_hashes"][-1]
+
+        # live: a SUB sees new batches with the next sequence numbers
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, b"kv@")
+        sub.connect(f"tcp://127.0.0.1:{pub}")
+        seen = []
+        deadline = time.monotonic() + 10
+        i = 0
+        while not seen and time.monotonic() < deadline:  # PUB/SUB join is asynchronous
+            s.chat([{"role": "user", "content": f"unique prompt number {i} " * 30}], max_tokens=2)
+            i += 1
+            while sub.poll(100):
+                seen.append(sub.recv_multipart())
+        assert seen, "SUB never received a batch"
+        topic, seqb, payload = seen[0]
+        assert topic == b"kv@sim" and len(seqb) == 8
+        assert int.from_bytes(seqb, "big") >= len(batches)
+        # 40 blocks fill up: evictions appear as BlockRemoved
+        for j in range(6):
+            s.chat([{"role": "user", "content": f"filler {j} " * 60}], max_tokens=1)
+        removed = []
+        deadline = time.monotonic() + 5
+        while not removed and time.monotonic() < deadline:
+            if sub.poll(200):
+                evs = decode_events(sub.recv_multipart()[2])
+                removed += [e for e in evs if e["type"] == "BlockRemoved"]
+        assert removed and len(removed[0]["block_hashes"]) == 1
+
+        # reset: AllBlocksCleared, and nothing is cached afterwards
+        assert s.client.post("/sim/reset_prefix_cache").status_code == 200
+        cleared = False
+        deadline = time.monotonic() + 5
+        while not cleared and time.monotonic() < deadline:
+            if sub.poll(200):
+                cleared = any(e["type"] == "AllBlocksCleared"
+                              for e in decode_events(sub.recv_multipart()[2]))
+        assert cleared
+        assert s.chat(msgs, max_tokens=1)["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    finally:
+        ctx.destroy(linger=0)
+
+
+def test_kv_events_connect_mode_like_vllm(sim_factory):
+    # vLLM connects (not binds) to a plain tcp://host:port endpoint: the subscriber binds
+    ctx = zmq.Context()
+    try:
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        port = sub.bind_to_random_port("tcp://127.0.0.1")
+        s = sim_factory("--time-scale", "0", "--kv-events-endpoint", f"tcp://127.0.0.1:{port}")
+        got = None
+        deadline = time.monotonic() + 10
+        i = 0
+        while got is None and time.monotonic() < deadline:
+            s.chat([{"role": "user", "content": f"connect mode {i} " * 20}], max_tokens=1)
+            i += 1
+            if sub.poll(100):
+                got = sub.recv_multipart()
+        assert got is not None
+        assert got[0] == b"" and len(got[1]) == 8
+        assert decode_events(got[2])[0]["type"] == "BlockStored"
+    finally:
+        ctx.destroy(linger=0)
+
+
+# ---- faults ----
+
+def test_fail_rate_is_deterministic_with_seed(sim_factory):
+    def pattern():
+        s = sim_factory("--time-scale", "0", "--seed", "7", "--fail-rate", "0.5",
+                        "--fail-status", "503")
+        codes = []
+        for _ in range(20):
+            r = s.client.post("/v1/chat/completions",
+                              json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 1})
+            codes.append(r.status_code)
+            if r.status_code != 200:
+                assert r.json()["error"]["code"] == "injected_failure"
+        return codes
+
+    a, b = pattern(), pattern()
+    assert a == b
+    assert set(a) == {200, 503}
+
+
+def test_delay_and_health_and_runtime_faults(sim_factory):
+    s = sim_factory("--time-scale", "0", "--delay-ms", "300", "--health-status", "503")
+    assert s.client.get("/health").status_code == 503
+    t0 = time.monotonic()
+    s.chat([{"role": "user", "content": "x"}], max_tokens=1)
+    assert time.monotonic() - t0 >= 0.29
+    r = s.client.post("/sim/faults", json={"delay_ms": 0, "health_status": 200})
+    assert r.status_code == 200 and r.json()["delay_ms"] == 0
+    assert s.client.get("/health").status_code == 200
+    t0 = time.monotonic()
+    s.chat([{"role": "user", "content": "x"}], max_tokens=1)
+    assert time.monotonic() - t0 < 0.25
+    assert s.client.post("/sim/faults", json={"fail_rate": 2}).status_code == 400
+
+
+def test_stall_after_events(sim_factory):
+    s = sim_factory("--time-scale", "0", "--stall-after-events", "3")
+    got = []
+    with pytest.raises(httpx.ReadTimeout):
+        with s.client.stream("POST", "/v1/chat/completions", timeout=httpx.Timeout(10, read=1.0),
+                             json={"messages": [{"role": "user", "content": "x"}],
+                                   "max_tokens": 10, "stream": True}) as r:
+            for line in lines(r):
+                if line.startswith("data: "):
+                    got.append(line)
+    assert len(got) == 3
+    # the sim keeps serving, and the stalled request's blocks were freed
+    assert s.stats()["kv_blocks_used"] == 0
+
+
+def test_drop_after_events(sim_factory):
+    s = sim_factory("--time-scale", "0", "--drop-after-events", "2")
+    got = []
+    with pytest.raises(httpx.RemoteProtocolError):
+        with s.client.stream("POST", "/v1/chat/completions",
+                             json={"messages": [{"role": "user", "content": "x"}],
+                                   "max_tokens": 10, "stream": True}) as r:
+            for line in lines(r):
+                if line.startswith("data: "):
+                    got.append(line)
+    assert len(got) == 2
+    # a non-streaming request under the same fault still completes (one "event": the body)
+    assert s.chat([{"role": "user", "content": "y"}], max_tokens=2)["usage"]["completion_tokens"] == 2
+    s.client.post("/sim/faults", json={"drop_after_events": 0})
+    with pytest.raises(httpx.RemoteProtocolError):
+        s.client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "z"}]})
+    deadline = time.monotonic() + 5
+    while s.stats()["running"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert s.stats()["kv_blocks_used"] == 0
