@@ -22,6 +22,12 @@ static uv_timer_t g_drain_timer, g_sweep_timer;
 static kvr_http_server *g_admin;
 static uint64_t g_drain_deadline_ms;
 
+static void on_http_closed(void *ud)
+{
+    kvr_app *app = ud;
+    kvr_upstream_close(app->up);
+}
+
 static void shutdown_all(void)
 {
     kvr_app *app = &g_app;
@@ -35,15 +41,18 @@ static void shutdown_all(void)
     uv_close((uv_handle_t *)&g_sigterm, NULL);
     uv_close((uv_handle_t *)&g_sigint, NULL);
     kvr_health_stop(app);
-    kvr_http_server_close(app->http, NULL, NULL);
-    kvr_upstream_close(app->up);
+    /* The upstream client goes last: closing client connections cancels their attempts. */
+    kvr_http_server_close(app->http, on_http_closed, app);
 }
 
 static void drain_tick(uv_timer_t *t)
 {
     (void)t;
     size_t active = kvr_http_server_active_requests(g_app.http);
-    if (active == 0 || kvr_now_ms() >= g_drain_deadline_ms) {
+    /* Done when every connection has flushed its last response and closed, not merely when
+     * the last request left the handler: its final bytes may still be queued. */
+    size_t open = kvr_http_server_open_connections(g_app.http);
+    if (open == 0 || kvr_now_ms() >= g_drain_deadline_ms) {
         if (active)
             KVR_WARN("msg=\"drain timeout: closing remaining requests\" active=%zu", active);
         else

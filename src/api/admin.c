@@ -12,6 +12,7 @@
 #include "proxy/keys.h"
 #include "routing/policies.h"
 #include "routing/policy_cache_aware.h"
+#include "util/json_read.h"
 #include "util/oai_error.h"
 
 static char *g_token;
@@ -128,7 +129,7 @@ static void debug_route(kvr_app *app, kvr_http_req *r)
     size_t blen;
     const char *body = kvr_http_req_body(r, &blen);
     json_error_t jerr;
-    json_t *j = json_loadb(body, blen, 0, &jerr);
+    json_t *j = kvr_json_read(body, blen, &jerr);
     kvr_endpoint ep;
     char msg[300];
     const char *param = NULL;

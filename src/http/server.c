@@ -604,6 +604,11 @@ int kvr_http_server_port(const kvr_http_server *s)
     return s->listener_state == 1 ? s->port : -1;
 }
 
+size_t kvr_http_server_open_connections(const kvr_http_server *s)
+{
+    return s->nconns;
+}
+
 size_t kvr_http_server_active_requests(const kvr_http_server *s)
 {
     return s->active;

@@ -74,6 +74,9 @@ int kvr_http_server_port(const kvr_http_server *s);
 /** Stops accepting new connections and closes idle keep-alive connections; connections with a
  *  request in progress finish it and then close (no keep-alive). Used for SIGTERM draining. */
 void kvr_http_server_stop_accepting(kvr_http_server *s);
+/** Number of client connections not yet fully closed (including ones flushing their last
+ *  response): draining is complete when this reaches 0 after stop_accepting. */
+size_t kvr_http_server_open_connections(const kvr_http_server *s);
 /** Number of requests currently owned by the handler (not yet ended or aborted). */
 size_t kvr_http_server_active_requests(const kvr_http_server *s);
 /** Closes every connection and the listener; `on_closed` (may be NULL) runs once all libuv

@@ -5,9 +5,10 @@
  * index (0 = empty; a fingerprint is never 0), and the worker's LRU links as 32-bit slot ids.
  *
  * Tables: the fingerprint's top 6 bits pick one of 64 shards, each an independent table that
- * grows on its own, so a growth step rebuilds 1/64 of the index (a 10 M-block index pauses
- * ~20 ms per step instead of ~1 s, and the steps are spread over many requests). A slot id is
- * shard << 26 | index in the shard.
+ * grows on its own (1.25x steps, at load thresholds staggered between 84 and 92 % so the shards
+ * do not all grow at once), so a growth step rebuilds 1/64 of the index: a 10 M-block index
+ * pauses ~20 ms per step instead of ~1 s, and the steps are spread over many requests. A slot id
+ * is shard << 26 | index in the shard.
  *
  * In a shard, buckets of 4 slots = one 64-byte cache line. The holders of a key are kept in
  * groups of GROUP (4); group g of fingerprint f has two candidate buckets derived from (f, g),
@@ -53,8 +54,9 @@
 #define LOCAL_BITS 26
 #define LOCAL_MASK ((1u << LOCAL_BITS) - 1)
 #define MAX_BUCKETS (((size_t)LOCAL_MASK - 1) / BUCKET) /* per shard; keeps ids != NIL */
-#define LOAD_NUM 23              /* grow a shard when it would exceed 23/25 = 92 % full */
-#define LOAD_DEN 25
+#define LOAD_MAX 920             /* per mille: a shard never runs fuller than 92 % */
+#define LOAD_SPREAD 80           /* growing shards start at 84..92 %, so they grow at
+                                    different times instead of all within a few requests */
 #define INITIAL_BUCKETS 8        /* per shard: 64 × 512 B = 32 KiB for an idle model */
 #define MAX_KICKS 128            /* cuckoo random-walk length before a shard counts as full */
 #define SEED0 0x6b76726f75746531ull /* seed of block 0's key; any fixed value works */
@@ -100,6 +102,7 @@ struct kvr_prefix_index {
     size_t cset_mask;
     size_t cset_alloc;
     uint32_t *want;              /* scratch for match: internal index -> request position + 1 */
+    size_t need_nb;              /* buckets a shard needs for its share of the caps' sum */
     uint32_t *rb_map;            /* during a shard rebuild: old local index -> new */
     uint32_t *rb_rev;            /* during a shard rebuild: new local index -> old */
 };
@@ -414,6 +417,8 @@ static void lru_push_head(kvr_prefix_index *ix, wrec *w, uint32_t id)
 
 /* ---- workers ------------------------------------------------------------------------- */
 
+static void update_need(kvr_prefix_index *ix);
+
 static size_t eff_cap(const kvr_prefix_index *ix, const wrec *w)
 {
     size_t c = w && w->cap ? w->cap : ix->default_cap;
@@ -469,6 +474,7 @@ static long worker_get(kvr_prefix_index *ix, size_t ext)
     w->head = w->tail = NIL;
     w->used = 1;
     ix->ext2int[ext] = (uint32_t)i + 1;
+    update_need(ix);
     return (long)i;
 }
 
@@ -619,31 +625,45 @@ static int rebuild(kvr_prefix_index *ix, unsigned si, size_t nb)
     return 0;
 }
 
-/* Buckets that hold `holdings` at the load target. */
+/* Buckets that hold `holdings` at the highest load. */
 static size_t buckets_for(double holdings)
 {
-    double nb = (holdings * LOAD_DEN / LOAD_NUM + 1) / BUCKET + 1;
+    double nb = (holdings * 1000 / LOAD_MAX + 1) / BUCKET + 1;
     return nb >= (double)MAX_BUCKETS ? MAX_BUCKETS : (size_t)nb;
 }
 
-/* Grows shard `si`: 1.5x steps, but never past what the workers' caps can ever need in one
- * shard (holdings never exceed the sum of the caps; a shard gets 1/64 of them plus a few
- * standard deviations), so a full index sits near the load target. Past that size (a shard
- * drawing more than its share, or a failed cuckoo walk) it grows by 1/16 steps. */
-static int grow(kvr_prefix_index *ix, unsigned si)
+/* Holdings never exceed the sum of the workers' caps; a shard gets 1/64 of them plus a few
+ * standard deviations. Recomputed when workers or caps change. */
+static void update_need(kvr_prefix_index *ix)
 {
-    shard *sh = &ix->sh[si];
-    if (sh->nb >= MAX_BUCKETS)
-        return -1;
     double bound = 0;
     for (size_t i = 0; i < ix->nw; i++)
         if (ix->w[i].used)
             bound += (double)eff_cap(ix, &ix->w[i]);
     double per = bound / NSHARDS;
-    size_t need = buckets_for(per + 4 * sqrt(per) + 16);
-    size_t nb = sh->nb + sh->nb / 2, small = sh->nb + sh->nb / 16 + 1;
-    if (nb > need)
-        nb = need > small ? need : small;
+    ix->need_nb = buckets_for(per + 4 * sqrt(per) + 16);
+}
+
+/* Load (per mille) above which shard `si` grows: staggered while it is below the size the caps
+ * need, the maximum after. */
+static unsigned grow_threshold(const kvr_prefix_index *ix, unsigned si)
+{
+    if (ix->sh[si].nb >= ix->need_nb)
+        return LOAD_MAX;
+    return LOAD_MAX - LOAD_SPREAD + (unsigned)((si * 37u) % NSHARDS) * LOAD_SPREAD / (NSHARDS - 1);
+}
+
+/* Grows shard `si`: 1.25x steps, but not past the size the caps need, so a full index sits near
+ * the highest load. Past that size (a shard drawing more than its share, or a failed cuckoo
+ * walk) it grows by 1/16 steps. */
+static int grow(kvr_prefix_index *ix, unsigned si)
+{
+    shard *sh = &ix->sh[si];
+    if (sh->nb >= MAX_BUCKETS)
+        return -1;
+    size_t nb = sh->nb + sh->nb / 4 + 1, small = sh->nb + sh->nb / 16 + 1;
+    if (nb > ix->need_nb)
+        nb = ix->need_nb > small ? ix->need_nb : small;
     if (nb > MAX_BUCKETS)
         nb = MAX_BUCKETS;
     for (int attempt = 0; attempt < 3; attempt++) {
@@ -666,7 +686,7 @@ static uint32_t place_live(kvr_prefix_index *ix, uint64_t kw, int *evicted)
     unsigned si = shard_of(KW_FP(kw));
     shard *sh = &ix->sh[si];
     *evicted = 0;
-    if ((sh->used + 1) * LOAD_DEN > sh->nb * BUCKET * LOAD_NUM)
+    if ((sh->used + 1) * 1000 > sh->nb * BUCKET * grow_threshold(ix, si))
         grow(ix, si);
     for (int round = 0; round < 64; round++) {
         uint32_t s = table_place(ix, si, sh->slots, sh->nb, kw);
@@ -946,6 +966,7 @@ size_t kvr_prefix_index_forget_worker(kvr_prefix_index *ix, size_t worker)
     w->count = 0;
     w->head = w->tail = NIL;
     ix->ext2int[worker] = 0;
+    update_need(ix);
     return dropped;
 }
 
@@ -955,6 +976,7 @@ int kvr_prefix_index_set_worker_capacity(kvr_prefix_index *ix, size_t worker, si
     if (wl < 0)
         return -1;
     ix->w[wl].cap = blocks;
+    update_need(ix);
     size_t cap = eff_cap(ix, &ix->w[wl]);
     while (ix->w[wl].count > cap)
         evict_one(ix, (uint32_t)wl);

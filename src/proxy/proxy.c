@@ -14,6 +14,7 @@
 #include "proxy/headers.h"
 #include "proxy/keys.h"
 #include "proxy/usage.h"
+#include "util/json_read.h"
 #include "util/log.h"
 #include "util/oai_error.h"
 #include "util/rand.h"
@@ -308,7 +309,7 @@ void kvr_proxy_handle(kvr_app *app, kvr_http_req *r, kvr_endpoint ep)
     size_t blen;
     const char *body = kvr_http_req_body(r, &blen);
     json_error_t jerr;
-    json_t *j = json_loadb(body, blen, JSON_REJECT_DUPLICATES, &jerr);
+    json_t *j = kvr_json_read(body, blen, &jerr);
     if (!j) {
         char msg[300];
         snprintf(msg, sizeof(msg), "invalid JSON body: %s (line %d, column %d)", jerr.text,

@@ -36,6 +36,8 @@ MODEL = "stub-model"
 # every httpx call here passes this one so a request costs what it should.
 SSL_CTX = ssl.create_default_context()
 
+SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:")
+
 START_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 5.0
 
@@ -824,6 +826,14 @@ class Registry:
                         errors.append("kvroute pid %d: %s" % (kv.pid, e))
         for p in reversed(self.procs):
             p.stop()
+        for kv in self.kvroutes:  # an ASan/UBSan build (KVROUTE_BUILD=build-asan) reports here
+            text = kv.proc.stderr_text()
+            for marker in SANITIZER_MARKERS:
+                i = text.find(marker)
+                if i >= 0:
+                    errors.append("kvroute pid %d: sanitizer report in %s:\n%s" % (
+                        kv.pid, kv.proc.stderr_path, text[max(0, i - 200): i + 3000]))
+                    break
         if item is not None:
             for kv in self.kvroutes:
                 tail = kv.proc.stderr_text(tail=60)
@@ -884,4 +894,6 @@ def module_procs(request, tmp_path_factory):
     reg = Registry()
     reg.tmpdir = tmp_path_factory.mktemp(request.module.__name__.split(".")[-1])
     yield reg
-    reg.teardown(check=False)
+    errors = reg.teardown(check=False)
+    if errors:
+        pytest.fail("module teardown: " + "; ".join(errors), pytrace=False)

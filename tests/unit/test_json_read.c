@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "jsonread.h"
+#include "util/json_read.h"
 
 static size_t checked, accepted;
 
@@ -18,7 +18,7 @@ static void same(const char *buf, size_t len)
 {
     json_error_t e1, e2;
     json_t *a = json_loadb(buf, len, 0, &e1);
-    json_t *b = kvr_sim_json_read(buf, len, &e2);
+    json_t *b = kvr_json_read(buf, len, &e2);
     if ((a == NULL) != (b == NULL) || (a && !json_equal(a, b))) {
         print_message("mismatch on %zu bytes: jansson %s (%s), jsonread %s (%s)\n", len,
                       a ? "ok" : "error", a ? "" : e1.text, b ? "ok" : "error", b ? "" : e2.text);

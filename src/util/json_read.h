@@ -1,4 +1,4 @@
-/* A strict JSON reader that builds jansson values, for kvroute-sim's request bodies.
+/* A strict JSON reader that builds jansson values, for request bodies (kvroute's proxy and admin, kvroute-sim).
  *
  * Why: jansson's own lexer costs ~13 ns per byte (it copies every byte through a growable
  * buffer one at a time), i.e. 110-170 µs for an 8 KB prompt, more than the sim's whole
@@ -7,20 +7,20 @@
  * (json_object_get, …) is plain jansson.
  *
  * It accepts exactly what json_loadb(buf, len, 0, &err) accepts and yields a json_equal()
- * value (tests/unit/test_sim_jsonread.c checks this differentially): RFC 8259 grammar, a
+ * value (tests/unit/test_json_read.c checks this differentially): RFC 8259 grammar, a
  * top-level object or array, valid UTF-8 only (no overlongs, surrogates or code points above
  * U+10FFFF), \u escapes with surrogate pairs, no \u0000 (jansson refuses it without
  * JSON_ALLOW_NUL), integers that fit json_int_t (else an error, as jansson), reals via strtod
  * (overflow is an error), duplicate keys keep the last value, nesting depth at most 2048
  * (jansson's JSON_PARSER_MAX_DEPTH), nothing but whitespace after the value. Error messages
  * differ from jansson's wording. */
-#ifndef KVR_SIM_JSONREAD_H
-#define KVR_SIM_JSONREAD_H
+#ifndef KVR_UTIL_JSON_READ_H
+#define KVR_UTIL_JSON_READ_H
 #include <jansson.h>
 #include <stddef.h>
 
 /** Parses `len` bytes at `buf` (no NUL needed). Returns a new reference (caller decrefs), or
  *  NULL with `err` (may be NULL) filled: text, line and column (1-based) and position. */
-json_t *kvr_sim_json_read(const char *buf, size_t len, json_error_t *err);
+json_t *kvr_json_read(const char *buf, size_t len, json_error_t *err);
 
 #endif

@@ -1,5 +1,5 @@
 /* Strict JSON → jansson values; strings scanned 8 bytes at a time. See jsonread.h. */
-#include "jsonread.h"
+#include "util/json_read.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -480,7 +480,7 @@ static json_t *value(rd *r)
     return v;
 }
 
-json_t *kvr_sim_json_read(const char *buf, size_t len, json_error_t *err)
+json_t *kvr_json_read(const char *buf, size_t len, json_error_t *err)
 {
     rd r = {.p = (const unsigned char *)buf, .end = (const unsigned char *)buf + len,
             .start = (const unsigned char *)buf};
