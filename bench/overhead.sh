@@ -5,7 +5,8 @@
 #   nginx    wrk -> Debian nginx (proxy_pass, keep-alive upstream, round robin) -> 2 stubs
 #   kvroute  wrk -> build/kvroute --policy round_robin -> 2 stubs
 # for a 247 B and an 8 KB JSON chat request (both "model":"m") and an SSE answer of 20 events,
-# then profiles kvroute with perf (callgrind when perf is not permitted) during an 8 KB run.
+# then counts syscalls per request (nginx, kvroute; 8 KB) and profiles kvroute with perf
+# (callgrind when perf is not permitted) during extra 8 KB, 247 B and chunked-SSE runs.
 # The stubs are one nginx (worker_processes 1) listening on two ports and answering from
 # `return 200 '<fixed JSON>'`; SSE comes either from one `return` (cell "sse", as in the issue)
 # or chunked with one flush per event via Debian's echo module (cell "ssechunk", closer to how
@@ -14,14 +15,14 @@
 # Everything binds 127.0.0.1 on free ports; every process started here is recorded by pid and
 # only those are stopped (trap on exit). Every wait is bounded.
 #
-# Usage: bench/overhead.sh            (from the repository root; ~2.5 min with the defaults)
+# Usage: bench/overhead.sh            (from the repository root; ~3.5 min with the defaults)
 # Environment (defaults in brackets):
 #   DURATION [8]   seconds per measured cell      WARMUP [2]   seconds of warm-up per cell
 #   CONNS [50]     wrk connections                THREADS [1]  wrk threads
 #   REPEAT [1]     runs per cell (the table shows the run with the median req/s)
 #   PATHS ["direct nginx kvroute"]   BODIES ["247 8k sse ssechunk"]
 #   KVROUTE [build/kvroute]          PROFILE [1]  (0 = no profile)
-#   PROFILE_BODIES ["8k 247"]  cells profiled with perf, one extra run each
+#   PROFILE_BODIES ["8k 247 ssechunk"]  cells profiled with perf, one extra run each
 #   SYSCALLS [1]   count syscalls per request of nginx and kvroute (8 KB), one extra run each
 #   OUT [out/overhead]  results: overhead.md, results.tsv, raw wrk output, profile reports
 #   KEEP_TMP [0]   1 keeps the temp dir (nginx configs, logs, perf.data)
@@ -453,7 +454,7 @@ done
 # ---------------------------------------------------------------- syscalls per request
 # Counted with perf stat on syscall tracepoints (counting mode: no per-event cost in user
 # space) during one extra run per proxy; setup (accepts, connects) is amortised over the run.
-SYSCALL_LIST="read write readv writev recvfrom sendto recvmsg sendmsg epoll_wait epoll_pwait epoll_ctl poll ppoll ioctl accept4 close shutdown getsockopt setsockopt getsockname getpeername socket connect fcntl futex brk mmap munmap madvise openat"
+SYSCALL_LIST="read write readv writev recvfrom sendto recvmsg sendmsg epoll_wait epoll_pwait epoll_ctl poll ppoll ioctl accept4 close shutdown getsockopt setsockopt getsockname getpeername socket connect fcntl futex clone clone3 brk mmap munmap madvise openat"
 SYSCALL_MD=""
 syscall_count() { # path body secs: writes $OUT/syscalls-<path>-<body>.txt (name count/req)
     local path=$1 body=$2 secs=$3 ev="raw_syscalls:sys_enter" sc pids res req=0 kv pp
@@ -545,13 +546,13 @@ perf_profile() { # body: profiles kvroute during a run with this body; 1 when pe
     return 0
 }
 
-PROFILE_BODIES=${PROFILE_BODIES:-"8k 247"}
+PROFILE_BODIES=${PROFILE_BODIES:-"8k 247 ssechunk"}
 if [[ $PROFILE == 1 && -n $KVR_PID ]]; then
     PROFILE_TOOL=""
     if command -v perf >/dev/null; then
         PROFILE_TOOL=perf
         for body in $PROFILE_BODIES; do
-            if [[ -n ${SKIP[kvroute/$body]:-} ]]; then continue; fi
+            if [[ " $BODIES " != *" $body "* || -n ${SKIP[kvroute/$body]:-} ]]; then continue; fi
             perf_profile "$body" || { PROFILE_TOOL=""; break; }
         done
     fi
@@ -608,18 +609,19 @@ median_row() { # path body: the result row with the median req/s among the repea
     done
     if [[ " $PATHS " == *" nginx "* && " $PATHS " == *" kvroute "* ]]; then
         echo
-        echo "| kvroute / nginx | req/s | p50 | p99 | proxy CPU per request |"
-        echo "|---|---:|---:|---:|---:|"
+        echo "| kvroute / nginx | req/s | p50 | p99 | proxy CPU per request | req/s one core sustains (10⁶ / CPU µs): kvroute vs nginx |"
+        echo "|---|---:|---:|---:|---:|---|"
         for body in $BODIES; do
             n=$(median_row nginx "$body")
             k=$(median_row kvroute "$body")
             if [[ -n $n && -n $k ]]; then
                 printf '%s\n%s\n' "$n" "$k" | awk -F'\t' -v l="$(label "$body")" '
                     NR == 1 {r = $4; a = $5; b = $6; c = $7}
-                    NR == 2 {printf "| %s | %.2f× | %.2f× | %.2f× | %s |\n", l, $4 / r, $5 / a, $6 / b,
-                             (c + 0 > 0 && $7 != "-") ? sprintf("%.2f×", $7 / c) : "-"}'
+                    NR == 2 {printf "| %s | %.2f× | %.2f× | %.2f× | %s | %s |\n", l, $4 / r, $5 / a, $6 / b,
+                             (c + 0 > 0 && $7 != "-") ? sprintf("%.2f×", $7 / c) : "-",
+                             (c + 0 > 0 && $7 + 0 > 0) ? sprintf("%.1f k vs %.1f k", 1000 / $7, 1000 / c) : "-"}'
             else
-                echo "| $(label "$body") | n/a | | | |"
+                echo "| $(label "$body") | n/a | | | | |"
             fi
         done
     fi

@@ -4,11 +4,11 @@
  * Slot (16 bytes): `kw` = 44-bit key fingerprint | 6-bit holder group | 14-bit internal worker
  * index (0 = empty; a fingerprint is never 0), and the worker's LRU links as 32-bit slot ids.
  *
- * Tables: the fingerprint's top 6 bits pick one of 64 shards, each an independent table that
+ * Tables: the fingerprint's top 8 bits pick one of 256 shards, each an independent table that
  * grows on its own (1.25x steps, at load thresholds staggered between 84 and 92 % so the shards
- * do not all grow at once), so a growth step rebuilds 1/64 of the index: a 10 M-block index
- * pauses ~20 ms per step instead of ~1 s, and the steps are spread over many requests. A slot id
- * is shard << 26 | index in the shard.
+ * do not all grow at once), so a growth step rebuilds 1/256 of the index: a 10 M-block index
+ * pauses a few ms per step instead of ~1 s for a whole-table rebuild, and the steps are spread
+ * over many requests. A slot id is shard << 24 | index in the shard.
  *
  * In a shard, buckets of 4 slots = one 64-byte cache line. The holders of a key are kept in
  * groups of GROUP (4); group g of fingerprint f has two candidate buckets derived from (f, g),
@@ -33,10 +33,8 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <xxhash.h>
-#ifdef __GLIBC__
-#include <malloc.h>
-#endif
 
 #include "util/rand.h"
 
@@ -49,15 +47,15 @@
 #define KW_FP(kw) ((kw) >> 20)
 #define KW_G(kw) ((unsigned)((kw) >> 14) & 63u)
 #define KW_W(kw) ((uint32_t)(kw) & 0x3fffu)
-#define SHARD_BITS 6
+#define SHARD_BITS 8
 #define NSHARDS (1u << SHARD_BITS)
-#define LOCAL_BITS 26
+#define LOCAL_BITS 24
 #define LOCAL_MASK ((1u << LOCAL_BITS) - 1)
 #define MAX_BUCKETS (((size_t)LOCAL_MASK - 1) / BUCKET) /* per shard; keeps ids != NIL */
 #define LOAD_MAX 920             /* per mille: a shard never runs fuller than 92 % */
 #define LOAD_SPREAD 80           /* growing shards start at 84..92 %, so they grow at
                                     different times instead of all within a few requests */
-#define INITIAL_BUCKETS 8        /* per shard: 64 × 512 B = 32 KiB for an idle model */
+#define INITIAL_BUCKETS 4        /* per shard: 256 × 256 B = 64 KiB for an idle model */
 #define MAX_KICKS 128            /* cuckoo random-walk length before a shard counts as full */
 #define SEED0 0x6b76726f75746531ull /* seed of block 0's key; any fixed value works */
 #define MATCH_BATCH 16           /* blocks hashed ahead of their probes, to prefetch buckets */
@@ -187,13 +185,43 @@ size_t kvr_prefix_index_blocks_for_kv_tokens(int64_t kv_tokens, size_t block_byt
     return b ? (size_t)b : 1;
 }
 
+/* Shard arrays and a growth step's temporary maps from 16 KiB up are mapped directly: they
+ * come zeroed, and unmapping them after a growth step returns them to the system at once (from
+ * the heap they would linger, counted in RSS). Smaller ones come from the heap, cache-line
+ * aligned and zeroed. */
+#define MMAP_MIN ((size_t)16 << 10)
+
+static void *big_alloc(size_t bytes)
+{
+    if (bytes >= MMAP_MIN) {
+        void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        return p == MAP_FAILED ? NULL : p;
+    }
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0)
+        return NULL;
+    memset(p, 0, bytes);
+    return p;
+}
+
+static void big_free(void *p, size_t bytes)
+{
+    if (!p)
+        return;
+    if (bytes >= MMAP_MIN)
+        munmap(p, bytes);
+    else
+        free(p);
+}
+
 static slot *alloc_slots(size_t nb)
 {
-    void *p = NULL;
-    if (posix_memalign(&p, 64, nb * BUCKET * sizeof(slot)) != 0)
-        return NULL;
-    memset(p, 0, nb * BUCKET * sizeof(slot));
-    return p;
+    return big_alloc(nb * BUCKET * sizeof(slot));
+}
+
+static void free_slots(slot *t, size_t nb)
+{
+    big_free(t, nb * BUCKET * sizeof(slot));
 }
 
 kvr_prefix_index *kvr_prefix_index_create(const kvr_prefix_index_cfg *cfg)
@@ -221,7 +249,7 @@ void kvr_prefix_index_destroy(kvr_prefix_index *ix)
     if (!ix)
         return;
     for (unsigned i = 0; i < NSHARDS; i++)
-        free(ix->sh[i].slots);
+        free_slots(ix->sh[i].slots, ix->sh[i].nb);
     free(ix->w);
     free(ix->ext2int);
     free(ix->chain);
@@ -546,11 +574,11 @@ static int rebuild(kvr_prefix_index *ix, unsigned si, size_t nb)
     shard *sh = &ix->sh[si];
     size_t old_n = sh->nb * BUCKET, new_n = nb * BUCKET;
     slot *ns = alloc_slots(nb);
-    uint32_t *map = malloc(old_n * sizeof(uint32_t)), *rev = malloc(new_n * sizeof(uint32_t));
+    uint32_t *map = big_alloc(old_n * sizeof(uint32_t)), *rev = big_alloc(new_n * sizeof(uint32_t));
     if (!ns || !map || !rev) {
-        free(ns);
-        free(map);
-        free(rev);
+        free_slots(ns, nb);
+        big_free(map, old_n * sizeof(uint32_t));
+        big_free(rev, new_n * sizeof(uint32_t));
         return -1;
     }
     ix->rb_map = map;
@@ -579,10 +607,10 @@ static int rebuild(kvr_prefix_index *ix, unsigned si, size_t nb)
         rev[t] = (uint32_t)s;
     }
     ix->rb_map = ix->rb_rev = NULL;
-    free(rev);
+    big_free(rev, new_n * sizeof(uint32_t));
     if (!ok) {
-        free(ns);
-        free(map);
+        free_slots(ns, nb);
+        big_free(map, old_n * sizeof(uint32_t));
         return -1;
     }
     /* Links into this shard are translated; neighbours in other shards are told the new id. */
@@ -613,15 +641,10 @@ static int rebuild(kvr_prefix_index *ix, unsigned si, size_t nb)
         if (w->tail != NIL && w->tail >> LOCAL_BITS == si)
             w->tail = gid(si, map[w->tail & LOCAL_MASK]);
     }
-    free(map);
-    free(sh->slots);
+    big_free(map, old_n * sizeof(uint32_t));
+    free_slots(sh->slots, sh->nb);
     sh->slots = ns;
     sh->nb = nb;
-#ifdef __GLIBC__
-    /* The old array would otherwise stay in the heap, counted in RSS. */
-    if (old_n * sizeof(slot) >= ((size_t)1 << 20))
-        malloc_trim(0);
-#endif
     return 0;
 }
 
@@ -632,8 +655,9 @@ static size_t buckets_for(double holdings)
     return nb >= (double)MAX_BUCKETS ? MAX_BUCKETS : (size_t)nb;
 }
 
-/* Holdings never exceed the sum of the workers' caps; a shard gets 1/64 of them plus a few
- * standard deviations. Recomputed when workers or caps change. */
+/* Holdings never exceed the sum of the workers' caps; a shard gets 1/256 of them plus two
+ * standard deviations (the few shards drawing more grow by small steps). Recomputed when
+ * workers or caps change. */
 static void update_need(kvr_prefix_index *ix)
 {
     double bound = 0;
@@ -641,7 +665,7 @@ static void update_need(kvr_prefix_index *ix)
         if (ix->w[i].used)
             bound += (double)eff_cap(ix, &ix->w[i]);
     double per = bound / NSHARDS;
-    ix->need_nb = buckets_for(per + 4 * sqrt(per) + 16);
+    ix->need_nb = buckets_for(per + 2 * sqrt(per) + 8);
 }
 
 /* Load (per mille) above which shard `si` grows: staggered while it is below the size the caps
@@ -663,7 +687,7 @@ static int grow(kvr_prefix_index *ix, unsigned si)
         return -1;
     size_t nb = sh->nb + sh->nb / 4 + 1, small = sh->nb + sh->nb / 16 + 1;
     if (nb > ix->need_nb)
-        nb = ix->need_nb > small ? ix->need_nb : small;
+        nb = ix->need_nb > sh->nb ? ix->need_nb : small;
     if (nb > MAX_BUCKETS)
         nb = MAX_BUCKETS;
     for (int attempt = 0; attempt < 3; attempt++) {
@@ -677,7 +701,7 @@ static int grow(kvr_prefix_index *ix, unsigned si)
 }
 
 /* Stores entry `kw` (a holding not yet in the table) in its shard: grows the shard past the
- * load target or when the cuckoo walk fails; if it cannot grow (out of memory, 2^26 slots),
+ * load target or when the cuckoo walk fails; if it cannot grow (out of memory, 2^24 slots),
  * frees room by evicting, least recent first from the biggest holder, and as a last resort an
  * occupant of one of the two buckets. Returns the slot id or NIL (out of memory). `*evicted` =
  * other holdings went (the caller's view of the key may be stale). */

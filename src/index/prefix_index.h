@@ -17,10 +17,11 @@
  * only for blocks many workers share, which stay cached), whatever the index size.
  *
  * Memory: one 16-byte slot per holding (44-bit key fingerprint, holder group, 14-bit worker,
- * 32-bit LRU links) in a cuckoo table filled up to 92 %: ~17.4 bytes per held block at steady
- * state, up to 1.5x that right after a growth step, i.e. 0.27-0.41 bytes of router memory per
- * byte of text covered with 64-byte blocks (docs/performance.md). The table never grows past
- * what the per-worker caps can need. Two limits bound it whatever the traffic, both enforced on
+ * 32-bit LRU links) in a cuckoo table filled up to 92 %: ~17.4-18 bytes per held block at
+ * steady state, up to 1.25x that right after a growth step, i.e. 0.28-0.34 bytes of router
+ * memory per byte of text covered with 64-byte blocks (docs/performance.md). The table is split
+ * into 256 shards that grow one at a time (an O(shard) rebuild, ~40 K entries at 10 M blocks)
+ * and never past what the per-worker caps can need. Two limits bound it whatever the traffic, both enforced on
  * insert: a per-worker count of holdings (`--worker-index-blocks`) and a global count of
  * distinct keys (`--max-index-blocks`).
  *
@@ -30,8 +31,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/** Largest worker id the index accepts (ids are the registry's small stable indexes). */
-#define KVR_PREFIX_INDEX_MAX_WORKER_ID ((size_t)1 << 24)
+/** Worker ids must be below this (they are the registry's dense indexes 0..n-1; per-worker
+ *  arrays are indexed by them). */
+#define KVR_PREFIX_INDEX_MAX_WORKER_ID ((size_t)1 << 20)
 /** Most workers one index tracks at once (the worker field of a slot is 14 bits). */
 #define KVR_PREFIX_INDEX_MAX_WORKERS 16383u
 /** Most workers recorded as holding one block; a further worker is simply not recorded for

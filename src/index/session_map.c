@@ -237,7 +237,7 @@ int kvr_session_map_get(kvr_session_map *m, const void *key, size_t len, uint64_
 int kvr_session_map_bind(kvr_session_map *m, const void *key, size_t len, size_t worker,
                          uint64_t now_ms)
 {
-    if (!len || worker >= NIL)
+    if (!len || worker >= KVR_SESSION_MAP_MAX_WORKER_ID)
         return -1;
     if (wcount_reserve(m, worker) < 0)
         return -1;

@@ -52,9 +52,13 @@ void kvr_session_map_destroy(kvr_session_map *m);
 int kvr_session_map_get(kvr_session_map *m, const void *key, size_t len, uint64_t now_ms,
                         size_t *worker);
 
+/** Worker ids must be below this (the registry's dense indexes; per-worker counts are kept in
+ *  an array indexed by them). */
+#define KVR_SESSION_MAP_MAX_WORKER_ID ((size_t)1 << 20)
+
 /** Binds `key` to `worker` (replacing any previous worker) with last use `now_ms`, evicting
- *  the least recently used entry first when the map is full (reason capacity). Worker ids must
- *  be < 2^32 - 1. Returns 0, or -1 on an empty key, a bad worker id or out of memory (map
+ *  the least recently used entry first when the map is full (reason capacity). Returns 0, or
+ *  -1 on an empty key, a worker id >= KVR_SESSION_MAP_MAX_WORKER_ID or out of memory (map
  *  unchanged). */
 int kvr_session_map_bind(kvr_session_map *m, const void *key, size_t len, size_t worker,
                          uint64_t now_ms);

@@ -6,10 +6,11 @@
 #include <string.h>
 
 #include "routing/keys.h"
+#include "util/json_read.h"
 
 static void take(kvr_usage *u, const char *json, size_t len)
 {
-    json_t *j = json_loadb(json, len, 0, NULL);
+    json_t *j = kvr_json_read(json, len, NULL);
     json_t *usage = j ? json_object_get(j, "usage") : NULL;
     if (json_is_object(usage)) {
         u->found = 1;

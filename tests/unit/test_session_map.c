@@ -47,6 +47,8 @@ static void test_exact_keys(void **state)
     assert_int_equal(w, 7);
     assert_int_equal(kvr_session_map_worker_count(m, 1), 0);
     assert_int_equal(kvr_session_map_worker_count(m, 7), 1);
+    /* Worker ids are the registry's small indexes: a wild one is refused, not allocated for. */
+    assert_int_equal(kvr_session_map_bind(m, "k", 1, KVR_SESSION_MAP_MAX_WORKER_ID, 0), -1);
     /* Empty keys are not sessions. */
     assert_int_equal(kvr_session_map_bind(m, "", 0, 1, 0), -1);
     assert_int_equal(kvr_session_map_get(m, "", 0, 0, &w), 0);
