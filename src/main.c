@@ -13,6 +13,7 @@
 #include "util/time.h"
 #include "routing/policies.h"
 #include "routing/policy_cache_aware.h"
+#include "workers/fetch.h"
 #include "workers/health.h"
 #include "workers/scrape.h"
 
@@ -25,6 +26,7 @@ static uint64_t g_drain_deadline_ms;
 static void on_http_closed(void *ud)
 {
     kvr_app *app = ud;
+    kvr_fetch_cancel_all();
     kvr_upstream_close(app->up);
 }
 

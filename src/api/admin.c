@@ -147,6 +147,8 @@ static void debug_route(kvr_app *app, kvr_http_req *r)
     }
     kvr_request_keys keys;
     int krc = kvr_request_keys_build(app, j, ep, r, &keys);
+    kvr_pick pinned = {0};
+    int is_pinned = kvr_proxy_pick_pinned(app, j, ep, &pinned);
     json_decref(j);
     size_t n = kvr_registry_eligible(app->reg, app->scratch);
     if (krc < 0 || n == 0) {
@@ -174,6 +176,8 @@ static void debug_route(kvr_app *app, kvr_http_req *r)
                                                   "inflight",
                                                   (json_int_t)app->scratch[i]->inflight));
     }
+    if (is_pinned)
+        pick = pinned;
     json_t *out = json_pack("{s:s,s:s?,s:s?,s:f,s:I,s:I,s:o}", "policy", app->policy_ops->name,
                             "decision", pick.decision, "worker",
                             pick.worker ? pick.worker->url : NULL, "match", pick.match,

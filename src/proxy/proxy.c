@@ -285,10 +285,7 @@ static void count_decision(preq *p)
     kvr_metric_inc(p->app->m.decisions, lv, 1);
 }
 
-/* A Responses API request continuing a stored response must reach the worker that holds it:
- * exact identity, like a session id. Falls back to the policy when the pin is unknown or its
- * worker is not eligible (the worker then answers for the missing response itself). */
-static int pick_pinned(kvr_app *app, const json_t *body, kvr_endpoint ep, kvr_pick *out)
+int kvr_proxy_pick_pinned(kvr_app *app, const json_t *body, kvr_endpoint ep, kvr_pick *out)
 {
     size_t len, wid;
     const char *id = ep == KVR_EP_RESPONSES ? kvr_route_previous_response_id(body, &len) : NULL;
@@ -348,7 +345,7 @@ void kvr_proxy_handle(kvr_app *app, kvr_http_req *r, kvr_endpoint ep)
     set_request_id(p);
 
     size_t ne = kvr_registry_eligible(app->reg, app->scratch);
-    int picked = ne > 0 && pick_pinned(app, j, ep, &p->pick);
+    int picked = ne > 0 && kvr_proxy_pick_pinned(app, j, ep, &p->pick);
     json_decref(j);
     if (!picked && ne > 0)
         picked = app->policy_ops->pick(app->policy, app->scratch, ne, &p->keys.k, &p->pick) == 0;

@@ -8,6 +8,7 @@
 
 typedef struct fetch {
     uv_timer_t timer;
+    struct fetch *prev, *next; /* the live list, so shutdown can end every fetch */
     kvr_upstream_attempt *att;
     kvr_buf body;
     int status;
@@ -15,6 +16,8 @@ typedef struct fetch {
     kvr_fetch_cb cb;
     void *ud;
 } fetch;
+
+static fetch *g_live;
 
 static void on_closed(uv_handle_t *h)
 {
@@ -26,6 +29,12 @@ static void on_closed(uv_handle_t *h)
 static void finish(fetch *f, int status, kvr_upstream_err err)
 {
     f->att = NULL;
+    if (f->prev)
+        f->prev->next = f->next;
+    else
+        g_live = f->next;
+    if (f->next)
+        f->next->prev = f->prev;
     f->cb(f->ud, status, f->body.data ? f->body.data : "", f->body.len, f->truncated, err);
     uv_timer_stop(&f->timer);
     uv_close((uv_handle_t *)&f->timer, on_closed);
@@ -79,5 +88,18 @@ int kvr_fetch(uv_loop_t *loop, kvr_upstream *u, const char *url, size_t max_byte
     uv_timer_init(loop, &f->timer);
     f->timer.data = f;
     uv_timer_start(&f->timer, on_timeout, timeout_ms, 0);
+    f->next = g_live;
+    if (g_live)
+        g_live->prev = f;
+    g_live = f;
     return 0;
+}
+
+void kvr_fetch_cancel_all(void)
+{
+    while (g_live) {
+        fetch *f = g_live;
+        kvr_upstream_cancel(f->att);
+        finish(f, 0, KVR_UP_OTHER);
+    }
 }

@@ -18,4 +18,8 @@ typedef void (*kvr_fetch_cb)(void *ud, int status, const char *body, size_t len,
 int kvr_fetch(uv_loop_t *loop, kvr_upstream *u, const char *url, size_t max_bytes,
               uint64_t timeout_ms, kvr_fetch_cb cb, void *ud);
 
+/** Ends every fetch in progress: cancels its request, calls its callback with status 0 and
+ *  KVR_UP_OTHER, and closes its timer. Call at shutdown, before kvr_upstream_close(). */
+void kvr_fetch_cancel_all(void);
+
 #endif

@@ -1,7 +1,8 @@
 """Fixtures and helpers for kvroute's end-to-end tests.
 
-Real processes on 127.0.0.1: the kvroute binary (from $KVROUTE_BUILD, default <repo>/build) and
-stub workers (tests/e2e/stub_worker.py). Every wait is bounded; every process a test starts is
+Real processes on 127.0.0.1: the kvroute binary (from $KVROUTE_BUILD, default <repo>/build),
+stub workers (tests/e2e/stub_worker.py) and kvroute-sim workers (same build dir; fixtures
+`sim_factory` and `sim`, which must exit cleanly on SIGTERM). Every wait is bounded; every process a test starts is
 stopped by pid at teardown (SIGTERM, then SIGKILL); kvroute's stderr goes to a file whose tail is
 attached to the report of a failing test. After each test, every kvroute still running must show
 kvroute_worker_inflight == 0 for all workers (checked at teardown).
@@ -28,9 +29,11 @@ E2E_DIR = Path(__file__).resolve().parent
 REPO = E2E_DIR.parents[1]
 BUILD = Path(os.environ.get("KVROUTE_BUILD", str(REPO / "build")))
 KVROUTE_BIN = BUILD / "kvroute"
+SIM_BIN = BUILD / "kvroute-sim"
 STUB = E2E_DIR / "stub_worker.py"
 PY = sys.executable or "/usr/bin/python3"
 MODEL = "stub-model"
+SIM_MODEL = "sim-model"  # the model the kvroute-sim fixture serves
 
 # httpx builds a TLS context (loading the CA bundle, ~45 ms) for every client unless given one;
 # every httpx call here passes this one so a request costs what it should.
@@ -682,6 +685,89 @@ class StubWorker:
         return self._admin("POST", "/stub/config", kw)
 
 
+class Sim:
+    """A kvroute-sim process (docs/sim.md) on an ephemeral 127.0.0.1 port, started through the
+    registry's process handling (stopped by pid at teardown, where a clean exit is required:
+    status 0 after SIGTERM, no sanitizer report). `args` are extra sim flags, e.g.
+    ("--time-scale", "0", "--kv-blocks", "64"); a later flag overrides an earlier one."""
+
+    def __init__(self, registry, tmpdir, *args, model=SIM_MODEL):
+        if not SIM_BIN.exists():
+            msg = "kvroute-sim binary not built: %s (set KVROUTE_BUILD or run make)" % SIM_BIN
+            if os.environ.get("CI"):
+                pytest.fail(msg)
+            pytest.skip(msg)
+        self.registry = registry
+        self.model = model
+        # --port 0: the sim logs the port it bound ("listening ... addr=127.0.0.1:PORT", info)
+        argv = [str(SIM_BIN), "--host", "127.0.0.1", "--port", "0", "--model", model,
+                "--log-level", "info"] + [str(a) for a in args]
+        self.argv = argv
+        n = len(registry.procs)
+        self.proc = Proc(argv, Path(tmpdir) / ("sim-%d.stderr" % n))
+        self.pid = self.proc.pid
+        registry.procs.append(self.proc)
+        registry.sims.append(self)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            m = re.search(r'msg="kvroute-sim listening" addr=127\.0\.0\.1:(\d+)',
+                          self.proc.stderr_text())
+            if m:
+                break
+            if not self.proc.alive() or time.monotonic() > deadline:
+                self.proc.kill()
+                raise RuntimeError("kvroute-sim did not start (exit %r): %s\n%s" % (
+                    self.proc.returncode(), " ".join(argv), self.proc.stderr_text(20)))
+            time.sleep(0.01)
+        self.port = int(m.group(1))
+        self.url = "http://127.0.0.1:%d" % self.port
+        self.client = httpx.Client(base_url=self.url, timeout=10.0, verify=SSL_CTX)
+        while True:
+            try:
+                self.client.get("/health", timeout=0.5)  # any answer: a test may set 503
+                break
+            except httpx.TransportError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("kvroute-sim not answering within %.0fs" % START_TIMEOUT_S)
+                time.sleep(0.02)
+
+    def read_log(self):
+        return self.proc.stderr_text()
+
+    def stop(self):
+        """SIGTERM (then SIGKILL after STOP_TIMEOUT_S); returns the exit status."""
+        self.client.close()
+        self.proc.stop()
+        return self.proc.returncode()
+
+    # --- helpers
+    def chat(self, messages, max_tokens=16, **kw):
+        body = {"model": self.model, "messages": messages, "max_tokens": max_tokens, **kw}
+        r = self.client.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def tokenize(self, **body):
+        r = self.client.post("/tokenize", json=body)
+        assert r.status_code == 200, r.text
+        return r.json()["tokens"]
+
+    def metrics(self):
+        r = self.client.get("/metrics")
+        assert r.status_code == 200, "sim GET /metrics → %d" % r.status_code
+        return Metrics(r.text)
+
+    def stats(self):
+        return self.client.get("/sim/stats").json()
+
+    def faults(self, **kw):
+        """POST /sim/faults with `kw` (fail_rate, fail_status, delay_ms, stall_after_events,
+        drop_after_events, health_status); returns the settings now in force."""
+        r = self.client.post("/sim/faults", json=kw)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+
 def header_value(entry, name):
     """First value of header `name` (case-insensitive) in a stub log entry, or None."""
     for k, v in entry["headers"]:
@@ -708,7 +794,7 @@ class Kvroute:
         self.registry = registry
         self.port = port or free_port()
         self.url = "http://127.0.0.1:%d" % self.port
-        self.workers = [w.url if isinstance(w, StubWorker) else w for w in workers]
+        self.workers = [getattr(w, "url", w) for w in workers]  # StubWorker, Sim or a URL
         self.check_inflight = check_inflight
         argv = [str(KVROUTE_BIN)]
         for w in self.workers:
@@ -814,6 +900,7 @@ class Registry:
     def __init__(self):
         self.procs = []
         self.kvroutes = []
+        self.sims = []
 
     def teardown(self, item=None, check=True):
         errors = []
@@ -826,6 +913,17 @@ class Registry:
                         errors.append("kvroute pid %d: %s" % (kv.pid, e))
         for p in reversed(self.procs):
             p.stop()
+        for sim in self.sims:  # kvroute-sim must exit cleanly on SIGTERM (status 0, no report)
+            try:
+                sim.client.close()
+            except Exception:  # noqa: BLE001
+                pass
+            rc = sim.proc.returncode()
+            text = sim.proc.stderr_text()
+            bad = next((mk for mk in SANITIZER_MARKERS if mk in text), None)
+            if bad or (check and rc != 0):
+                errors.append("kvroute-sim pid %d exited %r after SIGTERM (want 0)%s:\n%s" % (
+                    sim.pid, rc, ", sanitizer report" if bad else "", text[-4000:]))
         for kv in self.kvroutes:  # an ASan/UBSan build (KVROUTE_BUILD=build-asan) reports here
             text = kv.proc.stderr_text()
             for marker in SANITIZER_MARKERS:
@@ -842,6 +940,7 @@ class Registry:
                         kv.pid, kv.proc.stderr_path), tail)
         self.procs.clear()
         self.kvroutes.clear()
+        self.sims.clear()
         return errors
 
 
@@ -870,6 +969,21 @@ def stub(procs, tmp_path):
     def make(**kw):
         return StubWorker(procs, tmp_path, **kw)
     return make
+
+
+@pytest.fixture
+def sim_factory(procs, tmp_path):
+    """Factory: sim_factory(*flags, model=SIM_MODEL) starts a kvroute-sim (see Sim), e.g.
+    sim_factory("--time-scale", "0.01", "--kv-blocks", "64")."""
+    def make(*args, **kw):
+        return Sim(procs, tmp_path, *args, **kw)
+    return make
+
+
+@pytest.fixture
+def sim(sim_factory):
+    """One kvroute-sim that never sleeps (--time-scale 0)."""
+    return sim_factory("--time-scale", "0")
 
 
 @pytest.fixture

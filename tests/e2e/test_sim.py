@@ -1,19 +1,13 @@
 """End-to-end tests of kvroute-sim: real processes on 127.0.0.1, every wait bounded.
 
-Self-contained: starts build/kvroute-sim (or $KVROUTE_BUILD/kvroute-sim) on free ports, waits
-for /health, and stops it by pid at teardown. Uses python3 stdlib, httpx, zmq and msgpack
-(Debian packages; run with /usr/bin/python3 -m pytest).
+The `sim` and `sim_factory` fixtures (conftest.py) start build/kvroute-sim (or
+$KVROUTE_BUILD/kvroute-sim) on an ephemeral port, wait for /health, and stop it by pid at
+teardown, where a clean exit (status 0) is required. Uses python3 stdlib, httpx, zmq and
+msgpack (Debian packages; run with /usr/bin/python3 -m pytest).
 """
 
 import http.client
 import json
-import os
-import pathlib
-import re
-import signal
-import socket
-import subprocess
-import tempfile
 import threading
 import time
 
@@ -22,112 +16,7 @@ import msgpack
 import pytest
 import zmq
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-BUILD = pathlib.Path(os.environ.get("KVROUTE_BUILD", REPO / "build"))
-SIM = BUILD / "kvroute-sim"
-MODEL = "sim-model"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Sim:
-    """One kvroute-sim process."""
-
-    def __init__(self, *args):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [str(SIM), "--port", str(self.port), "--model", MODEL, "--log-level", "warn"]
-        cmd += [str(a) for a in args]
-        self.log = tempfile.TemporaryFile()  # not a pipe: a full pipe would block the sim
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log)
-        self.client = httpx.Client(base_url=self.url, timeout=10.0)
-        deadline = time.monotonic() + 10
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"kvroute-sim exited {self.proc.returncode}: {self.read_log()}")
-            try:
-                # any answer means it is listening (a --health-status test may get 503)
-                self.client.get("/health", timeout=0.5)
-                break
-            except httpx.TransportError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("kvroute-sim did not start within 10 s")
-                time.sleep(0.05)
-
-    def read_log(self):
-        self.log.seek(0)
-        return self.log.read().decode(errors="replace")
-
-    def stop(self):
-        """SIGTERM, then a clean exit is expected (status 0; under ASan, no leak report)."""
-        self.client.close()
-        killed = False
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=5)
-                killed = True
-        err = self.read_log()
-        self.log.close()
-        assert not killed, "kvroute-sim did not stop within 10 s of SIGTERM"
-        assert self.proc.returncode == 0, f"kvroute-sim exited {self.proc.returncode}:\n{err[-4000:]}"
-
-    # --- helpers ---
-    def chat(self, messages, max_tokens=16, **kw):
-        body = {"model": MODEL, "messages": messages, "max_tokens": max_tokens, **kw}
-        r = self.client.post("/v1/chat/completions", json=body)
-        assert r.status_code == 200, r.text
-        return r.json()
-
-    def tokenize(self, **body):
-        r = self.client.post("/tokenize", json=body)
-        assert r.status_code == 200, r.text
-        return r.json()["tokens"]
-
-    def metrics(self):
-        text = self.client.get("/metrics").text
-        out = {}
-        for line in text.splitlines():
-            if line.startswith("#") or not line.strip():
-                continue
-            m = re.match(r'^([^{\s]+)(\{[^}]*\})?\s+(\S+)$', line)
-            if m:
-                out[(m.group(1), m.group(2) or "")] = float(m.group(3))
-        return out
-
-    def stats(self):
-        return self.client.get("/sim/stats").json()
-
-
-@pytest.fixture
-def sim_factory():
-    sims = []
-
-    def make(*args):
-        s = Sim(*args)
-        sims.append(s)
-        return s
-
-    yield make
-    errors = []
-    for s in sims:
-        try:
-            s.stop()
-        except AssertionError as e:
-            errors.append(str(e))
-    assert not errors, errors
-
-
-@pytest.fixture
-def sim(sim_factory):
-    return sim_factory("--time-scale", "0")
+from conftest import SIM_MODEL as MODEL, free_port  # the sim and sim_factory fixtures: conftest.py
 
 
 def lines(response):
@@ -137,11 +26,11 @@ def lines(response):
 
 
 def series(metrics, name, **labels):
-    """Value of the series `name` whose labels include `labels`."""
-    for (n, lab), v in metrics.items():
-        if n == name and all(f'{k}="{val}"' in lab for k, val in labels.items()):
-            return v
-    raise KeyError(name)
+    """Value of the first series `name` whose labels include `labels` (a conftest.Metrics)."""
+    found = metrics.find(name, **labels)
+    if not found:
+        raise KeyError(name)
+    return found[0][1]
 
 
 SYSTEM = {"role": "system", "content": "You are a careful assistant who answers briefly. " * 8}
