@@ -75,33 +75,56 @@ kvr_upstream_err kvr_up__map_result(kvr_upstream_attempt *a, CURLcode rc, const 
 
 /* ---- deadlines ---- */
 
+/* One uv timer per attempt carries both deadlines and is re-armed lazily: it is started once
+ * per attempt, for min(first_byte, stream_idle), and moves only when it fires. So the head
+ * arriving and body bytes cost no timer operation: they store uv_now() and the callback checks
+ * the deadline that applies. The timer never fires late: before the head it is due at most
+ * `stream_idle` after the last check, and the idle deadline counts from the head. */
+static uint64_t min_nz(uint64_t a, uint64_t b)
+{
+    return !a ? b : !b ? a : a < b ? a : b;
+}
+
 static void timer_cb(uv_timer_t *t)
 {
     kvr_upstream_attempt *a = t->data;
     kvr_upstream *u = a->u;
     if (a->state != KVR_UP_S_RUNNING && a->state != KVR_UP_S_PENDING)
         return;
+    uint64_t now = uv_now(u->loop);
+    uint64_t idle = u->opts.stream_idle_timeout_ms;
     if (!a->got_headers) {
-        kvr_up__finish(a, KVR_UP_FIRST_BYTE_TIMEOUT,
-                       "no response head within first_byte_timeout_ms");
+        uint64_t fb = u->opts.first_byte_timeout_ms, left = 0;
+        if (fb) {
+            uint64_t waited = now - a->start_ms;
+            if (waited >= fb) {
+                kvr_up__finish(a, KVR_UP_FIRST_BYTE_TIMEOUT,
+                               "no response head within first_byte_timeout_ms");
+                return;
+            }
+            left = fb - waited;
+        }
+        uint64_t next = min_nz(left, idle);
+        if (next)
+            uv_timer_start(t, timer_cb, next, 0);
         return;
     }
     /* Time paused by our own backpressure is not idleness: kvr_upstream_resume re-arms. */
-    if (a->paused)
+    if (a->paused || !idle)
         return;
-    uint64_t idle = u->opts.stream_idle_timeout_ms;
-    uint64_t gap = uv_now(u->loop) - a->last_rx_ms;
+    uint64_t gap = now - a->last_rx_ms;
     if (gap >= idle) {
         kvr_up__finish(a, KVR_UP_IDLE_TIMEOUT, "no body bytes within stream_idle_timeout_ms");
         return;
     }
-    /* Lazy re-arm: body bytes only store a timestamp, the timer moves when it fires. */
     uv_timer_start(t, timer_cb, idle - gap, 0);
 }
 
 void kvr_up__attempt_arm(kvr_upstream_attempt *a)
 {
-    uint64_t ms = a->u->opts.first_byte_timeout_ms;
+    kvr_upstream *u = a->u;
+    a->start_ms = uv_now(u->loop);
+    uint64_t ms = min_nz(u->opts.first_byte_timeout_ms, u->opts.stream_idle_timeout_ms);
     if (ms)
         uv_timer_start(&a->timer, timer_cb, ms, 0);
 }
@@ -209,11 +232,8 @@ static int deliver_head(kvr_upstream_attempt *a)
         a->hdrs[i].value = a->head.data + a->hoff[2 * i + 1];
     }
     a->got_headers = 1;
-    uv_timer_stop(&a->timer);
-    if (u->opts.stream_idle_timeout_ms) {
-        a->last_rx_ms = uv_now(u->loop);
-        uv_timer_start(&a->timer, timer_cb, u->opts.stream_idle_timeout_ms, 0);
-    }
+    /* the idle deadline now counts from here; the armed timer is due no later than that */
+    a->last_rx_ms = uv_now(u->loop);
     if (a->cbs.on_headers)
         a->cbs.on_headers(a->ud, a->status, a->hdrs, a->nhdrs);
     return a->state == KVR_UP_S_RUNNING;
@@ -300,6 +320,10 @@ kvr_upstream_attempt *kvr_up__attempt_new(kvr_upstream *u)
     rc |= curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
     /* workers are addressed directly: ignore http_proxy & co. from the environment */
     rc |= curl_easy_setopt(e, CURLOPT_PROXY, "");
+    /* With no no-proxy list set, libcurl 7.88 reads no_proxy and NO_PROXY from the environment
+     * (two getenv scans) on every transfer (create_conn_helper_init_proxy, lib/url.c); "*"
+     * says "no proxy for any host", which the empty CURLOPT_PROXY already means. */
+    rc |= curl_easy_setopt(e, CURLOPT_NOPROXY, "*");
     /* forward the path the proxy built, without dot-segment rewriting */
     rc |= curl_easy_setopt(e, CURLOPT_PATH_AS_IS, 1L);
     rc |= curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, connect_ms);

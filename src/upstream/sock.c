@@ -2,12 +2,22 @@
  * pattern of curl's docs/examples/multi-uv.c) with the fixes of reference B.5 #5:
  *  - an fd-indexed table is the single owner of polls, so one fd never gets two polls
  *    (libuv issues #2387, #1495); curl_multi_assign() carries the same pointer for libcurl;
- *  - CURL_POLL_REMOVE stops and closes the poll before libcurl closes the fd (libuv 1.44.2
- *    aborts when epoll_ctl fails on an fd closed while armed), and the close-socket callback
- *    does the same if a socket is ever closed without a REMOVE;
+ *  - a poll lives as long as its socket: CURL_POLL_REMOVE only "parks" it (libcurl sends that
+ *    whenever a transfer ends and its connection goes back to the pool), and the poll is
+ *    stopped and closed in the close-socket callback (CURLOPT_CLOSESOCKETFUNCTION, set on every
+ *    easy handle, so libcurl calls it for each socket it opened), before the fd is closed:
+ *    libuv 1.44.2 aborts when epoll_ctl fails on an fd closed while armed;
  *  - a poll error is passed on as CURL_CSELECT_ERR.
- * Closed poll objects are pooled: a paused transfer drops its poll and gets one back on
- * resume, and that must not cost a malloc each time. */
+ * Why park instead of close: re-creating the poll per transfer cost an ioctl(FIONBIO) and an
+ * epoll_ctl ADD+DEL probe (uv_poll_init) plus a DEL+ADD (libuv 1.44's uv_poll_start always
+ * stops first) and a DEL (uv_poll_stop), i.e. ~2.6 epoll_ctl per proxied request where nginx
+ * has none. Now uv_poll_start runs only when the mask libcurl asks for changes, and a parked
+ * poll keeps its read interest armed (un-ref'd, so idle pooled connections do not keep the
+ * loop alive): an idle connection is not readable, and when it becomes so (the worker closed
+ * it, or sent stray bytes) poll_cb stops the poll so the level-triggered EOF cannot spin the
+ * loop; libcurl notices the dead connection on its next reuse. A parked poll never keeps write
+ * interest (an idle socket is always writable).
+ * Closed poll objects are pooled so that a new connection does not cost a malloc. */
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -18,6 +28,8 @@ struct kvr_usock {
     uv_poll_t poll;
     curl_socket_t fd;
     kvr_upstream *u;
+    int events;          /* UV_READABLE | UV_WRITABLE armed now; 0 = stopped */
+    int parked;          /* libcurl sent CURL_POLL_REMOVE: no transfer watches the socket */
     kvr_usock *next_free;
 };
 
@@ -30,6 +42,13 @@ static void poll_cb(uv_poll_t *p, int status, int events)
 {
     kvr_usock *k = p->data;
     int flags = 0;
+    if (k->parked) {
+        /* Nobody in libcurl waits on this socket: an idle pooled connection that the worker
+         * closed (EOF) or that got stray bytes. Stop watching until libcurl asks again. */
+        uv_poll_stop(&k->poll);
+        k->events = 0;
+        return;
+    }
     if (status < 0)
         flags = CURL_CSELECT_ERR;
     else {
@@ -61,6 +80,17 @@ static void sock_close(kvr_upstream *u, kvr_usock *k)
     uv_close((uv_handle_t *)&k->poll, sock_closed);
 }
 
+/* CURL_POLL_REMOVE: keep the poll for the socket's next transfer (see the top of the file). */
+static void sock_park(kvr_usock *k)
+{
+    k->parked = 1;
+    if (k->events & UV_WRITABLE) {
+        uv_poll_stop(&k->poll);
+        k->events = 0;
+    }
+    uv_unref((uv_handle_t *)&k->poll);
+}
+
 static kvr_usock *sock_open(kvr_upstream *u, curl_socket_t fd)
 {
     if ((size_t)fd >= u->socks_cap) {
@@ -90,6 +120,8 @@ static kvr_usock *sock_open(kvr_upstream *u, curl_socket_t fd)
     k->poll.data = k;
     k->fd = fd;
     k->u = u;
+    k->events = 0;
+    k->parked = 0;
     u->socks[fd] = k;
     u->open_handles++;
     return k;
@@ -102,8 +134,8 @@ int kvr_up__socket_cb(CURL *e, curl_socket_t s, int what, void *userp, void *soc
         return 0;
     kvr_usock *k = lookup(u, s);
     if (what == CURL_POLL_REMOVE) {
-        if (k)
-            sock_close(u, k);
+        if (k && !k->parked)
+            sock_park(k);
         return 0;
     }
     if (!k) {
@@ -118,12 +150,23 @@ int kvr_up__socket_cb(CURL *e, curl_socket_t s, int what, void *userp, void *soc
     }
     if (socketp != k)
         curl_multi_assign(u->multi, s, k);
+    if (k->parked) {
+        k->parked = 0;
+        uv_ref((uv_handle_t *)&k->poll);
+    }
     int ev = 0;
     if (what & CURL_POLL_IN)
         ev |= UV_READABLE;
     if (what & CURL_POLL_OUT)
         ev |= UV_WRITABLE;
-    uv_poll_start(&k->poll, ev, poll_cb);
+    if (ev != k->events) {
+        /* libuv 1.44: always an epoll_ctl DEL, then an ADD on the next loop iteration */
+        if (ev)
+            uv_poll_start(&k->poll, ev, poll_cb);
+        else
+            uv_poll_stop(&k->poll);
+        k->events = ev;
+    }
     return 0;
 }
 

@@ -36,7 +36,7 @@ typedef struct kvr_usock kvr_usock;
 struct kvr_upstream_attempt {
     kvr_upstream *u;
     CURL *easy;       /* owned; options that never change are set once at creation */
-    uv_timer_t timer; /* first-byte deadline, then the stream-idle deadline; closed with u */
+    uv_timer_t timer; /* first-byte, then stream-idle deadline (lazily re-armed); closed with u */
     kvr_up_state state;
     unsigned in_multi : 1;    /* added to u->multi */
     unsigned queued : 1;      /* on the kick queue */
@@ -45,6 +45,7 @@ struct kvr_upstream_attempt {
     unsigned got_headers : 1; /* on_headers ran */
     unsigned in_block : 1;    /* inside a response head (status line seen, blank line not) */
     int status;               /* status of the head being parsed */
+    uint64_t start_ms;        /* uv_now() at kvr_upstream_start (first-byte deadline) */
     uint64_t last_rx_ms;      /* uv_now() of the last body bytes (or of headers / resume) */
     kvr_upstream_err fail_kind; /* set by our own callbacks when they abort the transfer */
     const char *fail_msg;
@@ -114,7 +115,7 @@ kvr_upstream_attempt *kvr_up__attempt_new(kvr_upstream *u);
 /** Sets the per-request options. Returns 0, or -1 (bad header bytes, bad URL scheme, OOM). */
 int kvr_up__attempt_prepare(kvr_upstream_attempt *a, const char *method, const char *url,
                             const kvr_http_header *h, size_t n, const char *body, size_t len);
-/** Arms the first-byte deadline (if any) for a just-started attempt. */
+/** Arms the deadline timer (first-byte, then stream-idle) for a just-started attempt. */
 void kvr_up__attempt_arm(kvr_upstream_attempt *a);
 /** Re-arms the idle deadline after a resume. */
 void kvr_up__attempt_rearm_idle(kvr_upstream_attempt *a);

@@ -142,6 +142,15 @@ static int serve(int fd, const char *method, const char *path, const char *targe
                  strlen(b));
         return send_str(fd, h) == 0 && send_str(fd, b) == 0;
     }
+    if (!strcmp(path, "/idleclose")) {
+        /* a keep-alive answer, then the worker drops the idle connection (its keep-alive
+         * timeout) while the client holds it in the pool */
+        const char *m = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+        if (send_str(fd, m) < 0)
+            return 0;
+        usleep(50 * 1000);
+        return 0;
+    }
     if (!strcmp(path, "/echo")) {
         char b[128];
         snprintf(b, sizeof(b), "{\"len\":%zu,\"sum\":%u}", body_len, body_sum);
@@ -1016,6 +1025,59 @@ static void test_connection_reuse(void **state)
     close_client(u);
 }
 
+static int count_iterations_for(int ms)
+{
+    uv_timer_t guard;
+    uv_timer_init(&L, &guard);
+    uv_timer_start(&guard, noop_cb, 5, 5);
+    int n = 0;
+    uint64_t end = now_ms() + (uint64_t)ms;
+    while (now_ms() < end) {
+        uv_run(&L, UV_RUN_ONCE);
+        n++;
+    }
+    uv_close((uv_handle_t *)&guard, NULL);
+    uv_run(&L, UV_RUN_NOWAIT);
+    return n;
+}
+
+/* The worker closes a pooled connection while it is idle (keep-alive timeout): the client must
+ * not spin on the EOF of a socket no transfer watches, and the next request must work (on a
+ * new connection). */
+static void test_pooled_connection_closed_by_worker(void **state)
+{
+    (void)state;
+    kvr_upstream *u = new_client(0, 0, 0);
+    rec a, b, c;
+    rec_init(&a, u);
+    rec_init(&b, u);
+    rec_init(&c, u);
+    assert_non_null(start(&a, "GET", "/idleclose", NULL, NULL, 0));
+    assert_true(run_until(is_done, &a, 3000));
+    assert_int_equal(a.err, KVR_UP_OK);
+    assert_int_equal(a.body.len, 2);
+    assert_memory_equal(a.body.data, "ok", 2);
+    /* the worker closes after 50 ms; a loop spinning on the EOF would run thousands of
+     * iterations in 300 ms, a quiet one about 60 (one per 5 ms guard tick) */
+    int iters = count_iterations_for(300);
+    assert_true(iters < 1000);
+    assert_non_null(start(&b, "GET", "/json", NULL, NULL, 0));
+    assert_true(run_until(is_done, &b, 3000));
+    assert_int_equal(b.err, KVR_UP_OK);
+    assert_int_equal(b.status, 201);
+    int ca = atomic_load(&S.conn_of[a.id]), cb = atomic_load(&S.conn_of[b.id]);
+    assert_true(ca > 0 && cb > 0 && ca != cb);
+    /* and the new connection is pooled and reused as usual */
+    assert_non_null(start(&c, "POST", "/echo", NULL, "abc", 3));
+    assert_true(run_until(is_done, &c, 3000));
+    assert_int_equal(c.err, KVR_UP_OK);
+    assert_int_equal(atomic_load(&S.conn_of[c.id]), cb);
+    rec_free(&a);
+    rec_free(&b);
+    rec_free(&c);
+    close_client(u);
+}
+
 static void test_big_post_no_expect(void **state)
 {
     (void)state;
@@ -1267,6 +1329,7 @@ int main(void)
         T(test_reset_mid_body),
         T(test_protocol_error),
         T(test_connection_reuse),
+        T(test_pooled_connection_closed_by_worker),
         T(test_big_post_no_expect),
         T(test_many_concurrent),
         T(test_start_inside_callback),
