@@ -90,6 +90,7 @@ for n in "$WORKERS" "$KV_BLOCKS" "$BLOCK_SIZE" "$MAX_REQUESTS" "$SEED" "$REPLAY_
     [[ "$n" =~ ^[0-9]+$ ]] || { echo "compare.sh: '$n' is not a non-negative integer" >&2; exit 2; }
 done
 [ "$WORKERS" -ge 1 ] || { echo "compare.sh: --workers must be at least 1" >&2; exit 2; }
+
 for b in kvroute kvroute-sim kvroute-bench; do
     [ -x "$BUILD/$b" ] || { echo "compare.sh: $BUILD/$b is missing (run make)" >&2; exit 1; }
 done
@@ -98,6 +99,19 @@ if [ ${#MODE_ARGS[@]} -eq 0 ]; then
     mooncake | azure) MODE_ARGS=(--timestamps) ;;
     *) MODE_ARGS=(--concurrency 16) ;;
     esac
+fi
+
+# The overload gate's absolute threshold (--balance-abs-threshold, 32 by default, SGLang's) is
+# sized for fleets with hundreds of requests in flight. A closed-loop replay of C sessions never
+# has more than C in flight, so with the default one worker that is first credited with a shared
+# system prompt takes every session (docs/performance.md, tau-bench). Size the gate to the
+# replay instead: C / workers in flight above the least loaded, unless --router-arg sets it.
+if [ "${MODE_ARGS[0]:-}" != "--timestamps" ] && [ "${MODE_ARGS[0]:-}" != "--rate" ] &&
+    [[ " ${ROUTER_EXTRA[*]-} " != *balance-abs-threshold* ]]; then
+    conc=${MODE_ARGS[1]:-16}
+    gate=$((conc / WORKERS))
+    [ "$gate" -ge 2 ] || gate=2
+    ROUTER_EXTRA+=("--balance-abs-threshold=$gate")
 fi
 IFS=, read -r -a POLICY_LIST <<<"$POLICIES"
 
@@ -219,8 +233,13 @@ replay() {
         "${MODE_ARGS[@]}" --time-scale "$TIME_SCALE" --think-ms "$THINK_MS" --seed "$SEED"
         --json "$WORK/$name.json" --progress lines)
     [ "$MAX_REQUESTS" -gt 0 ] && args+=(--max-requests "$MAX_REQUESTS")
+    # In the background and waited for, so a signal to this script runs its trap at once
+    # (the trap's SIGTERM reaches kvroute-bench through timeout, which forwards it).
     timeout --signal=INT --kill-after=10 "$REPLAY_TIMEOUT" "$BUILD/kvroute-bench" "${args[@]}" \
-        ${BENCH_EXTRA[@]+"${BENCH_EXTRA[@]}"} >"$WORK/$name.txt" 2>"$WORK/$name.bench.log" || rc=$?
+        ${BENCH_EXTRA[@]+"${BENCH_EXTRA[@]}"} >"$WORK/$name.txt" 2>"$WORK/$name.bench.log" &
+    local bench_pid=$!
+    PIDS+=("$bench_pid")
+    wait "$bench_pid" || rc=$?
     if [ ! -s "$WORK/$name.json" ]; then
         echo "compare.sh: kvroute-bench failed for $name (exit $rc):" >&2
         tail -5 "$WORK/$name.bench.log" >&2
