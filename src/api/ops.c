@@ -22,15 +22,28 @@ static void reply_json(kvr_app *app, kvr_http_req *r, int status, json_t *j)
     free(s);
 }
 
+static json_t *model_object(const char *id)
+{
+    return json_pack("{s:s,s:s,s:I,s:s}", "id", id, "object", "model", "created",
+                     (json_int_t)kvr_unix_time(), "owned_by", "kvroute");
+}
+
 void kvr_api_models(kvr_app *app, kvr_http_req *r)
 {
     json_t *data = json_array();
     for (size_t i = 0; i < app->nmodels; i++)
-        json_array_append_new(data, json_pack("{s:s,s:s,s:I,s:s}", "id", app->models[i],
-                                              "object", "model", "created",
-                                              (json_int_t)kvr_unix_time(), "owned_by",
-                                              "kvroute"));
+        json_array_append_new(data, model_object(app->models[i]));
     reply_json(app, r, 200, json_pack("{s:s,s:o}", "object", "list", "data", data));
+}
+
+void kvr_api_model(kvr_app *app, kvr_http_req *r, const char *id)
+{
+    if (!kvr_app_serves(app, id)) {
+        kvr_api_error(app, r, NULL, 404, "The model does not exist or is not served here",
+                      "model", "model_not_found", NULL, 0);
+        return;
+    }
+    reply_json(app, r, 200, model_object(id));
 }
 
 void kvr_api_healthz(kvr_app *app, kvr_http_req *r)

@@ -60,5 +60,10 @@ void kvr_api_handle(kvr_http_req *r, void *ud)
             return;
         }
     }
+    if (strncmp(path, "/v1/models/", 11) == 0 &&
+        (strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0)) {
+        kvr_api_model(app, r, path + 11);
+        return;
+    }
     kvr_api_error(app, r, NULL, 404, "unknown path", NULL, "not_found", NULL, 0);
 }

@@ -15,6 +15,7 @@
 #include "proxy/keys.h"
 #include "proxy/usage.h"
 #include "util/json_read.h"
+#include "workers/health.h"
 #include "util/log.h"
 #include "util/oai_error.h"
 #include "util/rand.h"
@@ -22,6 +23,8 @@
 
 #define MAX_FWD_HEADERS 128
 #define URL_CAP 2048
+#define MAX_ATTEMPTS 3            /* connect failures are retried on other workers */
+#define SSE_HOLD_CAP (1u << 20)   /* an SSE event longer than this is relayed unheld */
 
 typedef struct preq {
     kvr_app *app;
@@ -39,6 +42,10 @@ typedef struct preq {
     int sse;              /* worker answered text/event-stream */
     int paused;           /* on_body refused bytes: waiting for on_drain */
     int got_body;         /* first body byte seen (TTFT taken) */
+    int counted;          /* the decision label was counted (once per request) */
+    size_t tried[MAX_ATTEMPTS]; /* worker ids already attempted */
+    size_t ntried;
+    kvr_buf held;         /* SSE: bytes of an event not yet complete, relayed when it is */
     kvr_usage usage;
     kvr_http_header fwd[MAX_FWD_HEADERS];
     size_t nfwd;
@@ -67,8 +74,18 @@ static void set_request_id(preq *p)
              (unsigned long long)kvr_rand_u64(), (unsigned long long)kvr_rand_u64());
 }
 
+static void count_decision(preq *p)
+{
+    if (p->counted)
+        return;
+    p->counted = 1;
+    const char *lv[] = {p->model, p->app->policy_ops->name, p->pick.decision};
+    kvr_metric_inc(p->app->m.decisions, lv, 1);
+}
+
 static void preq_free(preq *p)
 {
+    kvr_buf_free(&p->held);
     kvr_request_keys_free(&p->keys);
     kvr_usage_free(&p->usage);
     free(p->model);
@@ -100,6 +117,7 @@ static void count_usage(preq *p)
 static void on_client_gone(void *ud)
 {
     preq *p = ud;
+    count_decision(p);
     if (p->att) {
         kvr_upstream_cancel(p->att);
         attempt_ended(p, p->status);
@@ -170,6 +188,7 @@ static void on_headers(void *ud, int status, const kvr_http_header *h, size_t n)
         snprintf(p->match, sizeof(p->match), "%.2f", p->pick.match);
         out[k++] = (kvr_http_header){"x-kvroute-match", 15, p->match, strlen(p->match)};
     }
+    count_decision(p);
     int ok = status / 100 == 2;
     kvr_usage_init(&p->usage, p->sse, ok ? p->app->cfg.max_usage_bytes : 0,
                    ok && p->ep == KVR_EP_RESPONSES);
@@ -179,6 +198,45 @@ static void on_headers(void *ud, int status, const kvr_http_header *h, size_t n)
     if (ok && p->app->policy_ops->teach)
         p->app->policy_ops->teach(p->app->policy, p->w, &p->keys.k);
     kvr_request_keys_free(&p->keys);
+}
+
+/* The byte `back` positions before data[i] in the stream held + data, or 0 before its start. */
+static char before(const preq *p, const char *data, size_t i, size_t back)
+{
+    if (i >= back)
+        return data[i - back];
+    size_t h = back - i;
+    return h <= p->held.len ? p->held.data[p->held.len - h] : 0;
+}
+
+/* SSE is relayed event by event: bytes after the last complete event (blank line, LF or CRLF)
+ * are held until the event completes. So when the worker dies mid-event, kvroute's error
+ * event never lands inside a half-written one, which clients could not parse. */
+static void relay_sse(preq *p, const char *data, size_t len)
+{
+    size_t cut = 0; /* bytes of data up to and including the last event terminator */
+    for (size_t i = len; i-- > 0;) {
+        if (data[i] != '\n')
+            continue;
+        char a = before(p, data, i, 1), b = before(p, data, i, 2);
+        if (a == '\n' || (a == '\r' && b == '\n')) {
+            cut = i + 1;
+            break;
+        }
+    }
+    if (cut) {
+        if (p->held.len) {
+            kvr_http_resp_write(p->req, p->held.data, p->held.len);
+            kvr_buf_reset(&p->held);
+        }
+        kvr_http_resp_write(p->req, data, cut);
+    }
+    if (cut < len && kvr_buf_append(&p->held, data + cut, len - cut) < 0) {
+        /* An event larger than the hold cap: relay it as it comes. */
+        kvr_http_resp_write(p->req, p->held.data, p->held.len);
+        kvr_buf_reset(&p->held);
+        kvr_http_resp_write(p->req, data + cut, len - cut);
+    }
 }
 
 static int on_body(void *ud, const char *data, size_t len)
@@ -196,7 +254,10 @@ static int on_body(void *ud, const char *data, size_t len)
         return 1;
     }
     kvr_usage_feed(&p->usage, data, len);
-    kvr_http_resp_write(p->req, data, len);
+    if (p->sse)
+        relay_sse(p, data, len);
+    else
+        kvr_http_resp_write(p->req, data, len);
     return 0;
 }
 
@@ -206,12 +267,75 @@ static void count_error(preq *p, kvr_upstream_err err)
     kvr_metric_inc(p->app->m.upstream_errors, lv, 1);
 }
 
+static void failure_text(const preq *p, kvr_upstream_err err, const char *msg, char *out,
+                         size_t cap)
+{
+    snprintf(out, cap, "worker %s failed: %s (%s)", p->w->url, kvr_upstream_err_name(err),
+             msg ? msg : "");
+}
+
+/* No response came: 502 for every failure before headers, timeouts included (the issue's
+ * contract), with the routing headers so the client can tell which worker failed. */
+static void fail_before_headers(preq *p, kvr_upstream_err err, const char *msg)
+{
+    char text[512];
+    failure_text(p, err, msg, text, sizeof(text));
+    kvr_http_header hs[] = {
+        {"x-kvroute-worker", 16, p->w->url, strlen(p->w->url)},
+        {"x-kvroute-decision", 18, p->pick.decision, strlen(p->pick.decision)},
+        {"x-request-id", 12, p->request_id, strlen(p->request_id)},
+    };
+    kvr_api_error(p->app, p->req, p->model, 502, text, NULL, "upstream_error", hs, 3);
+    preq_free(p);
+}
+
+static int start_attempt(preq *p);
+
+/* Picks again among eligible workers not tried yet. Returns 1 when a new attempt started, 0
+ * when there was none to try, -1 when starting one failed (the request is answered and freed). */
+static int retry_elsewhere(preq *p)
+{
+    kvr_app *app = p->app;
+    if (p->ntried >= MAX_ATTEMPTS)
+        return 0;
+    size_t ne = kvr_registry_eligible(app->reg, app->scratch), k = 0;
+    for (size_t i = 0; i < ne; i++) {
+        int seen = 0;
+        for (size_t t = 0; t < p->ntried; t++)
+            seen |= app->scratch[i]->id == p->tried[t];
+        if (!seen)
+            app->scratch[k++] = app->scratch[i];
+    }
+    if (k == 0 || app->policy_ops->pick(app->policy, app->scratch, k, &p->keys.k, &p->pick) < 0)
+        return 0;
+    return start_attempt(p) ? 1 : -1;
+}
+
 static void on_done(void *ud, kvr_upstream_err err, const char *msg, int got_headers)
 {
     preq *p = ud;
     kvr_app *app = p->app;
     attempt_ended(p, got_headers ? p->status : 0);
+    if (err != KVR_UP_OK && !got_headers &&
+        (err == KVR_UP_CONNECT || err == KVR_UP_CONNECT_TIMEOUT)) {
+        /* Nothing reached the worker, so another one may safely take the request; and the
+         * worker is down now, not at the next health check: a dead worker has no in-flight
+         * load and would otherwise attract every least-loaded decision. */
+        count_error(p, err);
+        KVR_WARN("msg=\"worker unreachable\" worker=%s kind=%s detail=\"%s\" request_id=%s",
+                 p->w->url, kvr_upstream_err_name(err), msg ? msg : "", p->request_id);
+        if (app->cfg.health_interval_ms)
+            kvr_health_mark_down(app, p->w);
+        if (retry_elsewhere(p) != 0)
+            return;
+        count_decision(p);
+        fail_before_headers(p, err, msg);
+        return;
+    }
+    count_decision(p);
     if (err == KVR_UP_OK) {
+        if (p->held.len)
+            kvr_http_resp_write(p->req, p->held.data, p->held.len);
         count_usage(p);
         if (p->usage.response_id && app->response_pins)
             kvr_session_map_bind(app->response_pins, p->usage.response_id,
@@ -226,17 +350,9 @@ static void on_done(void *ud, kvr_upstream_err err, const char *msg, int got_hea
              "after_headers=%d",
              p->w->url, kvr_upstream_err_name(err), msg ? msg : "", p->request_id, got_headers);
     char text[512];
-    snprintf(text, sizeof(text), "worker %s failed: %s (%s)", p->w->url,
-             kvr_upstream_err_name(err), msg ? msg : "");
+    failure_text(p, err, msg, text, sizeof(text));
     if (!got_headers) {
-        kvr_http_header hs[] = {
-            {"x-kvroute-worker", 16, p->w->url, strlen(p->w->url)},
-            {"x-kvroute-decision", 18, p->pick.decision, strlen(p->pick.decision)},
-            {"x-request-id", 12, p->request_id, strlen(p->request_id)},
-        };
-        /* 502 for every failure before a response, timeouts included (the contract). */
-        kvr_api_error(app, p->req, p->model, 502, text, NULL, "upstream_error", hs, 3);
-        preq_free(p);
+        fail_before_headers(p, err, msg);
         return;
     }
     /* The status is already sent. An SSE stream gets a final error event and a proper end,
@@ -279,12 +395,6 @@ static void build_forward_headers(preq *p)
         (kvr_http_header){"x-request-id", 12, p->request_id, strlen(p->request_id)};
 }
 
-static void count_decision(preq *p)
-{
-    const char *lv[] = {p->model, p->app->policy_ops->name, p->pick.decision};
-    kvr_metric_inc(p->app->m.decisions, lv, 1);
-}
-
 int kvr_proxy_pick_pinned(kvr_app *app, const json_t *body, kvr_endpoint ep, kvr_pick *out)
 {
     size_t len, wid;
@@ -322,6 +432,17 @@ void kvr_proxy_handle(kvr_app *app, kvr_http_req *r, kvr_endpoint ep)
         return;
     }
     const char *model = json_string_value(json_object_get(j, "model"));
+    if (app->nmodels == 0) {
+        /* Discovery has not succeeded yet: a temporary state, not an unknown model. */
+        char ra[24];
+        snprintf(ra, sizeof(ra), "%llu", (unsigned long long)app->cfg.retry_after_s);
+        kvr_http_header h = {"Retry-After", 11, ra, strlen(ra)};
+        json_decref(j);
+        kvr_api_error(app, r, NULL, 503,
+                      "no model is known yet: no worker has answered /v1/models", NULL,
+                      "no_eligible_worker", &h, 1);
+        return;
+    }
     if (!kvr_app_serves(app, model)) {
         char m[300];
         snprintf(m, sizeof(m), "The model '%.200s' does not exist or is not served here",
@@ -359,28 +480,42 @@ void kvr_proxy_handle(kvr_app *app, kvr_http_req *r, kvr_endpoint ep)
         preq_free(p);
         return;
     }
-    p->w = p->pick.worker;
-    count_decision(p);
     if (p->pick.match >= 0) {
         const char *lv[] = {p->model};
         kvr_metric_observe(app->m.match_ratio, lv, p->pick.match);
     }
     build_forward_headers(p);
-    if (kvr_worker_url(p->w, endpoint_path(ep), p->url, sizeof(p->url)) < 0) {
-        kvr_api_error(app, r, p->model, 500, "worker URL too long", NULL, NULL, NULL, 0);
-        preq_free(p);
-        return;
-    }
+    kvr_buf_init(&p->held, SSE_HOLD_CAP);
     kvr_http_req_cbs cbs = {on_drain, on_client_gone};
     kvr_http_req_set_cbs(r, &cbs, p);
+    start_attempt(p);
+}
+
+/* Starts an attempt on p->pick.worker. Returns 1 when started; otherwise the request has been
+ * answered (502) and freed, and 0 is returned. */
+static int start_attempt(preq *p)
+{
+    size_t blen;
+    const char *body = kvr_http_req_body(p->req, &blen);
+    p->w = p->pick.worker;
+    p->tried[p->ntried++] = p->w->id;
+    if (kvr_worker_url(p->w, endpoint_path(p->ep), p->url, sizeof(p->url)) < 0) {
+        count_decision(p);
+        kvr_api_error(p->app, p->req, p->model, 500, "worker URL too long", NULL, NULL, NULL, 0);
+        preq_free(p);
+        return 0;
+    }
     kvr_worker_acquire(p->w);
-    p->att = kvr_upstream_start(app->up, "POST", p->url, p->fwd, p->nfwd, body, blen,
+    p->att = kvr_upstream_start(p->app->up, "POST", p->url, p->fwd, p->nfwd, body, blen,
                                 &upstream_cbs, p);
     if (!p->att) {
         kvr_worker_release(p->w);
         count_error(p, KVR_UP_OTHER);
-        kvr_api_error(app, r, p->model, 502, "could not start the upstream request", NULL,
-                      "upstream_error", NULL, 0);
+        count_decision(p);
+        kvr_api_error(p->app, p->req, p->model, 502, "could not start the upstream request",
+                      NULL, "upstream_error", NULL, 0);
         preq_free(p);
+        return 0;
     }
+    return 1;
 }

@@ -7,7 +7,11 @@
  *    stopped and closed in the close-socket callback (CURLOPT_CLOSESOCKETFUNCTION, set on every
  *    easy handle, so libcurl calls it for each socket it opened), before the fd is closed:
  *    libuv 1.44.2 aborts when epoll_ctl fails on an fd closed while armed;
- *  - a poll error is passed on as CURL_CSELECT_ERR.
+ *  - a poll error is passed on as readable+writable, not CURL_CSELECT_ERR: libcurl then does
+ *    the recv/send itself and meets the real error (ECONNRESET...), which lets it apply its
+ *    own rule for a reused connection that died before any response byte (retry once on a
+ *    fresh connection, as the curl tool does) instead of failing with "select/poll returned
+ *    error". A worker that closes idle keep-alive connections otherwise turns into 502s.
  * Why park instead of close: re-creating the poll per transfer cost an ioctl(FIONBIO) and an
  * epoll_ctl ADD+DEL probe (uv_poll_init) plus a DEL+ADD (libuv 1.44's uv_poll_start always
  * stops first) and a DEL (uv_poll_stop), i.e. ~2.6 epoll_ctl per proxied request where nginx
@@ -50,7 +54,7 @@ static void poll_cb(uv_poll_t *p, int status, int events)
         return;
     }
     if (status < 0)
-        flags = CURL_CSELECT_ERR;
+        flags = CURL_CSELECT_IN | CURL_CSELECT_OUT;
     else {
         if (events & UV_READABLE)
             flags |= CURL_CSELECT_IN;

@@ -32,16 +32,14 @@ static void on_health(void *ud, int status, const char *body, size_t len, int tr
     kvr_worker *w = probe_worker(pr);
     int ok = status >= 200 && status < 300;
     if (w && ok != w->healthy) {
-        if (ok)
+        if (ok) {
             KVR_INFO("msg=\"worker healthy\" worker=%s", w->url);
-        else
+            w->healthy = 1;
+        } else {
             KVR_WARN("msg=\"worker unhealthy\" worker=%s status=%d kind=%s", w->url, status,
                      kvr_upstream_err_name(err));
-        w->healthy = ok;
-        /* A worker that failed its check may come back restarted with an empty cache:
-         * what was learned about it is no longer true. */
-        if (!ok)
-            kvr_app_forget_worker(pr->app, w);
+            kvr_health_mark_down(pr->app, w);
+        }
     }
     free(pr);
 }
@@ -73,6 +71,16 @@ static uint64_t probe_timeout(const kvr_app *app)
     /* A probe must end before the next round starts, or slow workers pile probes up. */
     uint64_t t = app->cfg.health_interval_ms ? app->cfg.health_interval_ms : 1000;
     return t < 5000 ? t : 5000;
+}
+
+void kvr_health_mark_down(kvr_app *app, kvr_worker *w)
+{
+    if (!w->healthy)
+        return;
+    w->healthy = 0;
+    /* A worker that failed may come back restarted with an empty cache: what was learned about
+     * it is no longer true. */
+    kvr_app_forget_worker(app, w);
 }
 
 static void probe_one(kvr_app *app, kvr_worker *w, const char *path, kvr_fetch_cb cb)

@@ -9,6 +9,10 @@
  *  has answered /v1/models yet), each round also asks the workers' /v1/models and adds the
  *  ids found to the served list. The first round runs at once. */
 void kvr_health_start(kvr_app *app);
+/** Marks `w` unhealthy now (a request could not connect to it), as a failed check would:
+ *  logged, ineligible until a health check passes, and forgotten by the policy. Only
+ *  meaningful with health checks on (nothing else would bring it back). */
+void kvr_health_mark_down(kvr_app *app, kvr_worker *w);
 /** Stops the timer (closed on the loop; safe to call once). */
 void kvr_health_stop(kvr_app *app);
 
