@@ -179,10 +179,45 @@ int kvr_config_parse(kvr_config *c, int argc, char **argv, char *err, size_t cap
     return 0;
 }
 
+static void print_default(FILE *f, const kvr_config *d, const flag *fl)
+{
+    const char *p = (const char *)d + fl->off;
+    switch (fl->type) {
+    case T_STR:
+        fprintf(f, "%s", *(const char *const *)p ? *(const char *const *)p : "unset");
+        break;
+    case T_INT:
+        if (fl->off == OFF(upstream.max_host_connections))
+            fprintf(f, "%ld", *(const long *)p);
+        else
+            fprintf(f, "%d", *(const int *)p);
+        break;
+    case T_U64:
+        fprintf(f, "%llu", (unsigned long long)*(const uint64_t *)p);
+        break;
+    case T_SIZE:
+        fprintf(f, "%zu", *(const size_t *)p);
+        break;
+    case T_DOUBLE:
+        fprintf(f, "%g", *(const double *)p);
+        break;
+    case T_WORKER:
+        fprintf(f, "required");
+        break;
+    }
+}
+
 void kvr_config_usage(void *file)
 {
     FILE *f = file;
-    fprintf(f, "usage: kvroute --worker URL [--worker URL ...] [flags]\n\nflags:\n");
-    for (size_t k = 0; k < sizeof(flags) / sizeof(flags[0]); k++)
-        fprintf(f, "  --%-24s %s\n", flags[k].name, flags[k].help);
+    kvr_config d;
+    kvr_config_default(&d);
+    fprintf(f, "usage: kvroute --worker URL [--worker URL ...] [flags]\n\n"
+               "policies: %s\n\nflags (default in brackets):\n",
+            kvr_policy_names());
+    for (size_t k = 0; k < sizeof(flags) / sizeof(flags[0]); k++) {
+        fprintf(f, "  --%-24s %s [", flags[k].name, flags[k].help);
+        print_default(f, &d, &flags[k]);
+        fprintf(f, "]\n");
+    }
 }
