@@ -5,31 +5,18 @@
 #include <stdlib.h>
 
 #include "util/log.h"
-#include "workers/fetch.h"
+#include "workers/probe.h"
 
 #define BODY_CAP (64 * 1024)
-
-typedef struct probe {
-    kvr_app *app;
-    size_t worker_id;
-} probe;
 
 static uv_timer_t g_timer;
 static int g_running;
 
-static kvr_worker *probe_worker(probe *pr)
-{
-    return kvr_registry_at(pr->app->reg, pr->worker_id);
-}
-
-static void on_health(void *ud, int status, const char *body, size_t len, int truncated,
+static void on_health(kvr_app *app, kvr_worker *w, int status, const char *body, size_t len,
                       kvr_upstream_err err)
 {
     (void)body;
     (void)len;
-    (void)truncated;
-    probe *pr = ud;
-    kvr_worker *w = probe_worker(pr);
     int ok = status >= 200 && status < 300;
     if (w && ok != w->healthy) {
         if (ok) {
@@ -38,32 +25,27 @@ static void on_health(void *ud, int status, const char *body, size_t len, int tr
         } else {
             KVR_WARN("msg=\"worker unhealthy\" worker=%s status=%d kind=%s", w->url, status,
                      kvr_upstream_err_name(err));
-            kvr_health_mark_down(pr->app, w);
+            kvr_health_mark_down(app, w);
         }
     }
-    free(pr);
 }
 
-static void on_models(void *ud, int status, const char *body, size_t len, int truncated,
+static void on_models(kvr_app *app, kvr_worker *w, int status, const char *body, size_t len,
                       kvr_upstream_err err)
 {
-    (void)truncated;
     (void)err;
-    probe *pr = ud;
-    if (status == 200) {
-        json_t *j = json_loadb(body, len, 0, NULL);
-        json_t *data = json_object_get(j, "data"), *m;
-        size_t i;
-        json_array_foreach(data, i, m)
-        {
-            const char *id = json_string_value(json_object_get(m, "id"));
-            if (id && !kvr_app_serves(pr->app, id) && kvr_app_add_model(pr->app, id) == 0)
-                KVR_INFO("msg=\"model discovered\" model=%s worker=%s", id,
-                         probe_worker(pr)->url);
-        }
-        json_decref(j);
+    if (status != 200 || !w)
+        return;
+    json_t *j = json_loadb(body, len, 0, NULL);
+    json_t *data = json_object_get(j, "data"), *m;
+    size_t i;
+    json_array_foreach(data, i, m)
+    {
+        const char *id = json_string_value(json_object_get(m, "id"));
+        if (id && !kvr_app_serves(app, id) && kvr_app_add_model(app, id) == 0)
+            KVR_INFO("msg=\"model discovered\" model=%s worker=%s", id, w->url);
     }
-    free(pr);
+    json_decref(j);
 }
 
 static uint64_t probe_timeout(const kvr_app *app)
@@ -83,29 +65,15 @@ void kvr_health_mark_down(kvr_app *app, kvr_worker *w)
     kvr_app_forget_worker(app, w);
 }
 
-static void probe_one(kvr_app *app, kvr_worker *w, const char *path, kvr_fetch_cb cb)
-{
-    char url[2048];
-    probe *pr = malloc(sizeof(*pr));
-    if (!pr || kvr_worker_url(w, path, url, sizeof(url)) < 0) {
-        free(pr);
-        return;
-    }
-    pr->app = app;
-    pr->worker_id = w->id;
-    if (kvr_fetch(app->loop, app->up, url, BODY_CAP, probe_timeout(app), cb, pr) < 0)
-        free(pr);
-}
-
 static void round_cb(uv_timer_t *t)
 {
     kvr_app *app = t->data;
     for (size_t i = 0; i < kvr_registry_count(app->reg); i++) {
         kvr_worker *w = kvr_registry_at(app->reg, i);
         if (app->cfg.health_interval_ms)
-            probe_one(app, w, app->cfg.health_path, on_health);
+            kvr_probe_worker(app, w, app->cfg.health_path, BODY_CAP, probe_timeout(app), on_health);
         if (app->nmodels == 0)
-            probe_one(app, w, "/v1/models", on_models);
+            kvr_probe_worker(app, w, "/v1/models", BODY_CAP, probe_timeout(app), on_models);
     }
     /* With health checks off, keep asking for models only until one is known. */
     if (!app->cfg.health_interval_ms && app->nmodels > 0)

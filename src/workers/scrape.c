@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "util/log.h"
-#include "workers/fetch.h"
+#include "workers/probe.h"
 
 #define BODY_CAP (4 * 1024 * 1024)
 
@@ -50,20 +50,10 @@ void kvr_scrape_parse(const char *text, size_t len, kvr_scrape_result *out)
     kvr_prom_parse(text, len, on_sample, out);
 }
 
-typedef struct probe {
-    kvr_app *app;
-    size_t worker_id;
-} probe;
-
-static void on_metrics(void *ud, int status, const char *body, size_t len, int truncated,
+static void on_metrics(kvr_app *app, kvr_worker *w, int status, const char *body, size_t len,
                        kvr_upstream_err err)
 {
-    (void)truncated;
     (void)err;
-    probe *pr = ud;
-    kvr_app *app = pr->app;
-    kvr_worker *w = kvr_registry_at(app->reg, pr->worker_id);
-    free(pr);
     if (!w || status != 200)
         return;
     kvr_scrape_result r;
@@ -88,20 +78,11 @@ static void on_metrics(void *ud, int status, const char *body, size_t len, int t
 static void round_cb(uv_timer_t *t)
 {
     kvr_app *app = t->data;
-    for (size_t i = 0; i < kvr_registry_count(app->reg); i++) {
-        kvr_worker *w = kvr_registry_at(app->reg, i);
-        char url[2048];
-        probe *pr = malloc(sizeof(*pr));
-        if (!pr || kvr_worker_url(w, "/metrics", url, sizeof(url)) < 0) {
-            free(pr);
-            continue;
-        }
-        pr->app = app;
-        pr->worker_id = w->id;
-        uint64_t timeout = app->cfg.scrape_interval_s * 1000;
-        if (kvr_fetch(app->loop, app->up, url, BODY_CAP, timeout, on_metrics, pr) < 0)
-            free(pr);
-    }
+    /* A scrape must end before the next one starts. */
+    uint64_t timeout = app->cfg.scrape_interval_s * 1000;
+    for (size_t i = 0; i < kvr_registry_count(app->reg); i++)
+        kvr_probe_worker(app, kvr_registry_at(app->reg, i), "/metrics", BODY_CAP, timeout,
+                         on_metrics);
 }
 
 void kvr_scrape_start(kvr_app *app, void (*on_capacity)(kvr_app *app, kvr_worker *w))
