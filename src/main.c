@@ -1,5 +1,6 @@
 /* kvroute: flags and config → start the loop. */
 #include <signal.h>
+#include <sys/resource.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -127,6 +128,19 @@ int main(int argc, char **argv)
         return 2;
     }
     signal(SIGPIPE, SIG_IGN);
+    /* Each client connection can hold a worker connection too: raise the soft fd limit to the
+     * hard one, as nginx's worker_rlimit_nofile does, and say when the cap cannot be met. */
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+        if (rl.rlim_cur < rl.rlim_max) {
+            rl.rlim_cur = rl.rlim_max;
+            setrlimit(RLIMIT_NOFILE, &rl);
+        }
+        if (rl.rlim_cur != RLIM_INFINITY && app->cfg.http.max_connections * 2 + 64 > rl.rlim_cur)
+            KVR_WARN("msg=\"open-file limit below 2 x --max-connections\" nofile=%llu "
+                     "max_connections=%zu",
+                     (unsigned long long)rl.rlim_cur, app->cfg.http.max_connections);
+    }
 
     app->loop = uv_default_loop();
     app->reg = kvr_registry_new();

@@ -31,7 +31,8 @@ typedef struct kvr_config {
     uint64_t seed;                 /**< --seed for tie-breaks (0 = from the clock) */
     kvr_http_limits http;          /**< --max-body-bytes, --max-header-bytes, --max-headers,
                                         --header-timeout-ms, --body-timeout-ms,
-                                        --idle-timeout-ms, --write-buffer-bytes */
+                                        --idle-timeout-ms, --write-buffer-bytes,
+                                        --max-connections */
     kvr_upstream_opts upstream;    /**< --connect-timeout-ms, --first-byte-timeout-ms,
                                         --stream-idle-timeout-ms, --max-worker-connections */
     kvr_policy_cfg policy_cfg;     /**< --cache-threshold, --balance-abs-threshold,

@@ -25,6 +25,7 @@ void kvr_http_limits_default(kvr_http_limits *l)
     l->body_timeout_ms = 60000;
     l->idle_timeout_ms = 60000;
     l->write_high_water = 65536;
+    l->max_connections = 10000;
 }
 
 static void fix_limits(kvr_http_limits *l)
@@ -47,6 +48,8 @@ static void fix_limits(kvr_http_limits *l)
         l->idle_timeout_ms = d.idle_timeout_ms;
     if (!l->write_high_water)
         l->write_high_water = d.write_high_water;
+    if (!l->max_connections)
+        l->max_connections = d.max_connections;
 }
 
 /* ---- connection lifecycle ---- */
@@ -462,7 +465,18 @@ static void on_connection(uv_stream_t *ls, int status)
         KVR_WARN("http: accept failed: %s", uv_strerror(status));
         return;
     }
-    kvr_http_conn *c = calloc(1, sizeof(*c));
+    kvr_http_conn *c = s->nconns < s->lim.max_connections ? calloc(1, sizeof(*c)) : NULL;
+    if (!c && s->nconns >= s->lim.max_connections) {
+        /* Over --max-connections: take the pending fd and close it (the client sees a reset
+         * or EOF), as an out-of-memory accept does below. */
+        KVR_WARN("http: --max-connections %zu reached; refusing a connection",
+                 s->lim.max_connections);
+        if (s->listener.accepted_fd >= 0) {
+            close(s->listener.accepted_fd);
+            s->listener.accepted_fd = -1;
+        }
+        return;
+    }
     if (!c) {
         /* libuv stops watching the listener until uv_accept() takes the pending fd (1.44
          * src/unix/stream.c uv__server_io); drop that connection so accepting goes on. */

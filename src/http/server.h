@@ -45,6 +45,9 @@ typedef struct kvr_http_limits {
     uint64_t body_timeout_ms;     /**< absolute deadline from end of headers to end of body
                                        (408 + close; default 60000) */
     uint64_t idle_timeout_ms;     /**< keep-alive idle time between requests (close; 60000) */
+    size_t max_connections;       /**< open client connections; one more is accepted and
+                                       closed at once, so fds and memory stay bounded
+                                       (default 10000) */
     size_t write_high_water;      /**< bytes pending to the client above which
                                        kvr_http_resp_write() reports "full" (default 65536) */
 } kvr_http_limits;

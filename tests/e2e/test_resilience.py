@@ -182,3 +182,28 @@ def test_reused_connection_reset_by_worker_is_not_a_502(kvroute):
         kv.wait_inflight_zero()
     finally:
         stop.set()
+
+
+def test_max_connections_refuses_extra_and_recovers(stub, kvroute):
+    kv = kvroute([stub()], extra=["--max-connections", "4"])
+    time.sleep(0.3)  # let the readiness probe's connection close
+    conns = []
+    try:
+        for _ in range(7):
+            conns.append(socket.create_connection(("127.0.0.1", kv.port), timeout=2))
+            time.sleep(0.05)
+        time.sleep(0.3)
+        open_ = 0
+        for s in conns:
+            s.settimeout(0.3)
+            try:
+                open_ += s.recv(1) != b""  # b"" = closed by kvroute
+            except socket.timeout:
+                open_ += 1  # still open, idle
+            except ConnectionResetError:
+                pass
+        assert 1 <= open_ <= 4, open_
+    finally:
+        for s in conns:
+            s.close()
+    wait_until(lambda: kv.chat().status_code == 200, 5, what="serving again")
