@@ -47,6 +47,8 @@ static const flag flags[] = {
     {"body-timeout-ms", T_U64, OFF(http.body_timeout_ms), 1, 1e9,
      "absolute deadline to receive a request's body (408)"},
     {"idle-timeout-ms", T_U64, OFF(http.idle_timeout_ms), 1, 1e9, "keep-alive idle timeout"},
+    {"max-total-body-bytes", T_SIZE, OFF(http.max_total_body_bytes), 1, 1e13,
+     "request body bytes held at once by all connections (503 above)"},
     {"max-connections", T_SIZE, OFF(http.max_connections), 1, 1e7,
      "open client connections (more are refused)"},
     {"write-buffer-bytes", T_SIZE, OFF(http.write_high_water), 1024, 1e9,

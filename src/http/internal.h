@@ -149,6 +149,7 @@ struct kvr_http_server {
     size_t active;
     int nhandles; /**< server-level handles (prepare, listener) not yet closed */
     size_t nconns; /**< connections whose handles are not all closed */
+    size_t body_total; /**< request body bytes held by all connections (max_total_body_bytes) */
     int draining;
     int closing;
     void (*on_closed)(void *ud);

@@ -49,6 +49,8 @@ void kvr_http__parse_reset(kvr_http_conn *c)
     c->err_status = 0;
     c->err_msg = NULL;
     kvr_buf_reset(&r->hbuf);
+    if (c->srv) /* NULL once the server is gone and only a handler-owned request remains */
+        c->srv->body_total -= r->body.len;
     if (r->body.alloc > KVR_HTTP_KEEP_ALLOC)
         kvr_buf_free(&r->body);
     kvr_buf_reset(&r->body);
@@ -258,8 +260,11 @@ static int on_body(http_parser *p, const char *at, size_t len)
     kvr_http_req *r = &c->req;
     if (len > c->srv->lim.max_body_bytes - r->body.len)
         return fail(c, 413, "request body is larger than the limit");
+    if (len > c->srv->lim.max_total_body_bytes - c->srv->body_total)
+        return fail(c, 503, "too many request body bytes held at once; retry later");
     if (kvr_buf_append(&r->body, at, len) < 0)
         return oom(c);
+    c->srv->body_total += len;
     if (p->flags & F_CHUNKED) {
         c->chunk_left -= len < c->chunk_left ? len : c->chunk_left;
         if (c->chunk_left == 0 && !c->chunk_data_done) {

@@ -26,6 +26,7 @@ void kvr_http_limits_default(kvr_http_limits *l)
     l->idle_timeout_ms = 60000;
     l->write_high_water = 65536;
     l->max_connections = 10000;
+    l->max_total_body_bytes = (size_t)1 << 30;
 }
 
 static void fix_limits(kvr_http_limits *l)
@@ -50,6 +51,8 @@ static void fix_limits(kvr_http_limits *l)
         l->write_high_water = d.write_high_water;
     if (!l->max_connections)
         l->max_connections = d.max_connections;
+    if (!l->max_total_body_bytes)
+        l->max_total_body_bytes = d.max_total_body_bytes;
 }
 
 /* ---- connection lifecycle ---- */
@@ -90,6 +93,8 @@ static void conn_free(kvr_http_conn *c)
     kvr_buf_free(&c->out);
     kvr_buf_free(&c->wbuf);
     kvr_buf_free(&c->req.hbuf);
+    if (s)
+        s->body_total -= c->req.body.len;
     kvr_buf_free(&c->req.body);
     free(c->req.offs);
     free(c->req.hdrs);

@@ -45,6 +45,9 @@ typedef struct kvr_http_limits {
     uint64_t body_timeout_ms;     /**< absolute deadline from end of headers to end of body
                                        (408 + close; default 60000) */
     uint64_t idle_timeout_ms;     /**< keep-alive idle time between requests (close; 60000) */
+    size_t max_total_body_bytes;  /**< request body bytes held at once by all connections
+                                       (bodies stay held while their request is handled); a
+                                       request that would pass it gets 503 + close (1 GiB) */
     size_t max_connections;       /**< open client connections; one more is accepted and
                                        closed at once, so fds and memory stay bounded
                                        (default 10000) */

@@ -207,3 +207,19 @@ def test_max_connections_refuses_extra_and_recovers(stub, kvroute):
         for s in conns:
             s.close()
     wait_until(lambda: kv.chat().status_code == 200, 5, what="serving again")
+
+
+def test_total_body_bytes_budget(stub, kvroute):
+    w = stub()
+    kv = kvroute([w], extra=["--max-total-body-bytes", "1000000"])
+    big = json.dumps(chat_body(content="x" * 600000)).encode()
+    with RawConn(kv.port, timeout=10) as held:
+        # Held by a slow worker: its 600 KB body stays counted while it is handled.
+        held.send(http_post(kv.port, P, big, ["x-stub-mode: delay:1500"]))
+        time.sleep(0.3)
+        r = kv.post(P, content=big)
+        assert_openai_error(r, 503)
+        assert held.read_response(timeout=5).status == 200
+    # Released: the same body fits again.
+    assert kv.post(P, content=big).status_code == 200
+    kv.wait_inflight_zero()
