@@ -8,6 +8,7 @@
 
 #include "api/admin.h"
 #include "api/router.h"
+#include "proxy/proxy.h"
 #include "app/app.h"
 #include "util/log.h"
 #include "util/rand.h"
@@ -23,6 +24,7 @@ static uv_signal_t g_sigterm, g_sigint;
 static uv_timer_t g_drain_timer, g_sweep_timer;
 static kvr_http_server *g_admin;
 static uint64_t g_drain_deadline_ms;
+static int g_requests_ended;
 
 static void on_http_closed(void *ud)
 {
@@ -55,11 +57,18 @@ static void drain_tick(uv_timer_t *t)
     /* Done when every connection has flushed its last response and closed, not merely when
      * the last request left the handler: its final bytes may still be queued. */
     size_t open = kvr_http_server_open_connections(g_app.http);
-    if (open == 0 || kvr_now_ms() >= g_drain_deadline_ms) {
-        if (active)
-            KVR_WARN("msg=\"drain timeout: closing remaining requests\" active=%zu", active);
-        else
-            KVR_INFO("msg=\"drained\"");
+    uint64_t now = kvr_now_ms();
+    if (open && now >= g_drain_deadline_ms && !g_requests_ended) {
+        /* Tell the remaining clients why, then give their connections a moment to flush. */
+        g_requests_ended = 1;
+        KVR_WARN("msg=\"drain timeout: ending remaining requests\" active=%zu ended=%zu", active,
+                 kvr_proxy_shutdown(&g_app));
+        g_drain_deadline_ms = now + 1000;
+        return;
+    }
+    if (open == 0 || now >= g_drain_deadline_ms) {
+        KVR_INFO("msg=\"%s\" open=%zu", open ? "closing remaining connections" : "drained",
+                 open);
         shutdown_all();
     }
 }

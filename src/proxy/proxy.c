@@ -27,6 +27,7 @@
 #define SSE_HOLD_CAP (1u << 20)   /* an SSE event longer than this is relayed unheld */
 
 typedef struct preq {
+    struct preq *prev, *next; /* the live list, for kvr_proxy_shutdown() */
     kvr_app *app;
     kvr_http_req *req;
     kvr_upstream_attempt *att;
@@ -83,8 +84,24 @@ static void count_decision(preq *p)
     kvr_metric_inc(p->app->m.decisions, lv, 1);
 }
 
+static preq *g_live;
+
+static void preq_link(preq *p)
+{
+    p->next = g_live;
+    if (g_live)
+        g_live->prev = p;
+    g_live = p;
+}
+
 static void preq_free(preq *p)
 {
+    if (p->prev)
+        p->prev->next = p->next;
+    else if (g_live == p)
+        g_live = p->next;
+    if (p->next)
+        p->next->prev = p->prev;
     kvr_buf_free(&p->held);
     kvr_request_keys_free(&p->keys);
     kvr_usage_free(&p->usage);
@@ -463,6 +480,7 @@ void kvr_proxy_handle(kvr_app *app, kvr_http_req *r, kvr_endpoint ep)
     p->app = app;
     p->req = r;
     p->ep = ep;
+    preq_link(p);
     set_request_id(p);
 
     size_t ne = kvr_registry_eligible(app->reg, app->scratch);
@@ -518,4 +536,39 @@ static int start_attempt(preq *p)
         return 0;
     }
     return 1;
+}
+
+size_t kvr_proxy_shutdown(kvr_app *app)
+{
+    size_t n = 0;
+    const char *why = "kvroute is shutting down: the drain timeout passed before the worker "
+                      "finished";
+    while (g_live) {
+        preq *p = g_live;
+        n++;
+        if (p->att) {
+            kvr_upstream_cancel(p->att);
+            attempt_ended(p, p->status);
+        }
+        count_decision(p);
+        if (!p->status) {
+            kvr_api_error(app, p->req, p->model, 503, why, NULL, "shutting_down", NULL, 0);
+        } else if (p->sse) {
+            /* Same shape as a worker failing mid-stream: a final error event, a proper end. */
+            kvr_buf b;
+            kvr_buf_init(&b, 0);
+            kvr_buf_puts(&b, "data: ");
+            kvr_oai_error_json(&b, 503, why, NULL, "shutting_down");
+            kvr_buf_puts(&b, "\n\n");
+            kvr_http_resp_write(p->req, b.data, b.len);
+            kvr_buf_free(&b);
+            kvr_api_count(app, p->req, p->model, p->status);
+            kvr_http_resp_end(p->req);
+        } else {
+            kvr_api_count(app, p->req, p->model, p->status);
+            kvr_http_resp_abort(p->req);
+        }
+        preq_free(p);
+    }
+    return n;
 }

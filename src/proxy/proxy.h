@@ -20,4 +20,10 @@ void kvr_proxy_handle(kvr_app *app, kvr_http_req *r, kvr_endpoint ep);
  *  response it does not have). Learns nothing. */
 int kvr_proxy_pick_pinned(kvr_app *app, const json_t *body, kvr_endpoint ep, kvr_pick *out);
 
+/** Ends every proxied request still in progress (drain timeout): cancels its worker transfer;
+ *  a request with no response yet gets 503 (code "shutting_down"); an SSE stream gets a final
+ *  error event and a proper end; any other body is cut. Returns how many were ended. The
+ *  server should then let connections flush before closing them. */
+size_t kvr_proxy_shutdown(kvr_app *app);
+
 #endif

@@ -223,3 +223,30 @@ def test_total_body_bytes_budget(stub, kvroute):
     # Released: the same body fits again.
     assert kv.post(P, content=big).status_code == 200
     kv.wait_inflight_zero()
+
+
+def test_drain_timeout_tells_clients_why(stub, kvroute):
+    import signal
+    w = stub()
+    kv = kvroute([w], health_interval_ms=0, extra=["--drain-timeout", 1])
+    waiting = RawConn(kv.port, timeout=10)    # no response yet when the drain ends
+    streaming = RawConn(kv.port, timeout=10)  # a stream that outlives the drain
+    try:
+        waiting.send(http_post(kv.port, P, json.dumps(chat_body()).encode(), ["x-stub-mode: hang"]))
+        streaming.send(http_post(kv.port, P, json.dumps(chat_body(stream=True)).encode(),
+                                 ["x-stub-events: 100", "x-stub-interval-ms: 200"]))
+        head = streaming.read_head(timeout=5)
+        assert head and head[0] == 200
+        wait_until(lambda: len(w.proxied()) == 2, 3.0, what="both requests at the worker")
+        kv.proc.signal(signal.SIGTERM)
+        r = waiting.read_response(timeout=5)
+        assert r.status == 503, r
+        assert r.json()["error"]["code"] == "shutting_down", r.body
+        evs = [ev["data"] for _, ev, _ in streaming.iter_sse(head[3], timeout=5)]
+        assert streaming.body_complete
+        last = json.loads(evs[-1])
+        assert last["error"]["code"] == "shutting_down", evs[-2:]
+        assert kv.proc.wait(5.0) == 0
+    finally:
+        waiting.close()
+        streaming.close()
