@@ -25,7 +25,7 @@ void kvr_http_limits_default(kvr_http_limits *l)
     l->body_timeout_ms = 60000;
     l->idle_timeout_ms = 60000;
     l->write_high_water = 65536;
-    l->max_connections = 10000;
+    l->max_connections = 4096;
     l->max_total_body_bytes = (size_t)1 << 30;
 }
 

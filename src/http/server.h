@@ -50,7 +50,7 @@ typedef struct kvr_http_limits {
                                        request that would pass it gets 503 + close (1 GiB) */
     size_t max_connections;       /**< open client connections; one more is accepted and
                                        closed at once, so fds and memory stay bounded
-                                       (default 10000) */
+                                       (default 4096) */
     size_t write_high_water;      /**< bytes pending to the client above which
                                        kvr_http_resp_write() reports "full" (default 65536) */
 } kvr_http_limits;
