@@ -306,6 +306,28 @@ static void fail_before_headers(preq *p, kvr_upstream_err err, const char *msg)
     preq_free(p);
 }
 
+/* Ends a response whose status is already sent, saying why where the format allows: an SSE
+ * stream gets a final `data: {"error":...}` event and a proper end, so clients (the openai
+ * SDKs raise on an `error` event) see the reason; any other body is cut without its
+ * terminator, so the client sees a truncated response (docs/operations.md). Frees `p`. */
+static void end_after_headers(preq *p, int status, const char *text, const char *code)
+{
+    kvr_api_count(p->app, p->req, p->model, p->status);
+    if (p->sse) {
+        kvr_buf b;
+        kvr_buf_init(&b, 0);
+        kvr_buf_puts(&b, "data: ");
+        kvr_oai_error_json(&b, status, text, NULL, code);
+        kvr_buf_puts(&b, "\n\n");
+        kvr_http_resp_write(p->req, b.data, b.len);
+        kvr_buf_free(&b);
+        kvr_http_resp_end(p->req);
+    } else {
+        kvr_http_resp_abort(p->req);
+    }
+    preq_free(p);
+}
+
 static int start_attempt(preq *p);
 
 /* Picks again among eligible workers not tried yet. Returns 1 when a new attempt started, 0
@@ -372,23 +394,7 @@ static void on_done(void *ud, kvr_upstream_err err, const char *msg, int got_hea
         fail_before_headers(p, err, msg);
         return;
     }
-    /* The status is already sent. An SSE stream gets a final error event and a proper end,
-     * so clients (the openai SDKs raise on an `error` event) see why; any other body is cut
-     * without its terminator so the client sees a truncated response (docs/operations.md). */
-    kvr_api_count(app, p->req, p->model, p->status);
-    if (p->sse) {
-        kvr_buf b;
-        kvr_buf_init(&b, 0);
-        kvr_buf_puts(&b, "data: ");
-        kvr_oai_error_json(&b, 502, text, NULL, "upstream_error");
-        kvr_buf_puts(&b, "\n\n");
-        kvr_http_resp_write(p->req, b.data, b.len);
-        kvr_buf_free(&b);
-        kvr_http_resp_end(p->req);
-    } else {
-        kvr_http_resp_abort(p->req);
-    }
-    preq_free(p);
+    end_after_headers(p, 502, text, "upstream_error");
 }
 
 static const kvr_upstream_cbs upstream_cbs = {on_headers, on_body, on_done};
@@ -553,22 +559,10 @@ size_t kvr_proxy_shutdown(kvr_app *app)
         count_decision(p);
         if (!p->status) {
             kvr_api_error(app, p->req, p->model, 503, why, NULL, "shutting_down", NULL, 0);
-        } else if (p->sse) {
-            /* Same shape as a worker failing mid-stream: a final error event, a proper end. */
-            kvr_buf b;
-            kvr_buf_init(&b, 0);
-            kvr_buf_puts(&b, "data: ");
-            kvr_oai_error_json(&b, 503, why, NULL, "shutting_down");
-            kvr_buf_puts(&b, "\n\n");
-            kvr_http_resp_write(p->req, b.data, b.len);
-            kvr_buf_free(&b);
-            kvr_api_count(app, p->req, p->model, p->status);
-            kvr_http_resp_end(p->req);
+            preq_free(p);
         } else {
-            kvr_api_count(app, p->req, p->model, p->status);
-            kvr_http_resp_abort(p->req);
+            end_after_headers(p, 503, why, "shutting_down");
         }
-        preq_free(p);
     }
     return n;
 }
