@@ -187,7 +187,7 @@ int main(int argc, char **argv)
     }
     uv_timer_init(app->loop, &g_sweep_timer);
     uv_timer_start(&g_sweep_timer, sweep_tick, 1000, 1000);
-    kvr_scrape_start(app, NULL);
+    kvr_scrape_start(app);
     uv_signal_init(app->loop, &g_sigterm);
     uv_signal_init(app->loop, &g_sigint);
     uv_signal_start(&g_sigterm, on_signal, SIGTERM);

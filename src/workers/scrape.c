@@ -11,7 +11,6 @@
 
 static uv_timer_t g_timer;
 static int g_running;
-static void (*g_on_capacity)(kvr_app *, kvr_worker *);
 
 static void add(double *slot, double v)
 {
@@ -69,9 +68,8 @@ static void on_metrics(kvr_app *app, kvr_worker *w, int status, const char *body
     int64_t tokens = r.kv_tokens >= 0 ? (int64_t)r.kv_tokens : -1;
     if (tokens != w->kv_tokens) {
         w->kv_tokens = tokens;
+        /* cache_aware reads kv_tokens when it next teaches this worker (its index cap). */
         KVR_INFO("msg=\"worker KV capacity\" worker=%s tokens=%lld", w->url, (long long)tokens);
-        if (g_on_capacity && tokens > 0)
-            g_on_capacity(app, w);
     }
 }
 
@@ -85,11 +83,10 @@ static void round_cb(uv_timer_t *t)
                          on_metrics);
 }
 
-void kvr_scrape_start(kvr_app *app, void (*on_capacity)(kvr_app *app, kvr_worker *w))
+void kvr_scrape_start(kvr_app *app)
 {
     if (!app->cfg.scrape_interval_s)
         return;
-    g_on_capacity = on_capacity;
     uv_timer_init(app->loop, &g_timer);
     g_timer.data = app;
     uv_timer_start(&g_timer, round_cb, 0, app->cfg.scrape_interval_s * 1000);

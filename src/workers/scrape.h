@@ -16,10 +16,9 @@ typedef struct kvr_scrape_result {
 void kvr_scrape_parse(const char *text, size_t len, kvr_scrape_result *out);
 
 /** Starts the periodic scrape (no-op when cfg.scrape_interval_s is 0). Results go into each
- *  worker's queue/running/kv_usage/kv_tokens, the gauges app->m.queue and app->m.kv_usage,
- *  and `on_capacity` (may be NULL) when a worker's KV
- *  capacity becomes known or changes. */
-void kvr_scrape_start(kvr_app *app, void (*on_capacity)(kvr_app *app, kvr_worker *w));
+ *  worker's queue/running/kv_usage/kv_tokens, the gauges app->m.queue and app->m.kv_usage;
+ *  cache_aware takes a worker's index cap from kv_tokens when it next teaches it. */
+void kvr_scrape_start(kvr_app *app);
 /** Stops the timer. */
 void kvr_scrape_stop(kvr_app *app);
 
