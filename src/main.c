@@ -13,14 +13,13 @@
 #include "util/log.h"
 #include "util/rand.h"
 #include "util/time.h"
-#include "routing/policies.h"
-#include "routing/policy_cache_aware.h"
+#include "workers/discovery.h"
 #include "workers/fetch.h"
 #include "workers/health.h"
 #include "workers/scrape.h"
 
 static kvr_app g_app;
-static uv_signal_t g_sigterm, g_sigint;
+static uv_signal_t g_sigterm, g_sigint, g_sighup;
 static uv_timer_t g_drain_timer, g_sweep_timer;
 static kvr_http_server *g_admin;
 static uint64_t g_drain_deadline_ms;
@@ -40,12 +39,14 @@ static void shutdown_all(void)
     uv_close((uv_handle_t *)&g_drain_timer, NULL);
     uv_timer_stop(&g_sweep_timer);
     uv_close((uv_handle_t *)&g_sweep_timer, NULL);
-    kvr_scrape_stop(app);
+    kvr_scrape_stop();
+    kvr_discovery_stop();
     if (g_admin)
         kvr_http_server_close(g_admin, NULL, NULL);
     uv_close((uv_handle_t *)&g_sigterm, NULL);
     uv_close((uv_handle_t *)&g_sigint, NULL);
-    kvr_health_stop(app);
+    uv_close((uv_handle_t *)&g_sighup, NULL);
+    kvr_health_stop();
     /* The upstream client goes last: closing client connections cancels their attempts. */
     kvr_http_server_close(app->http, on_http_closed, app);
 }
@@ -77,9 +78,21 @@ static void drain_tick(uv_timer_t *t)
 static void sweep_tick(uv_timer_t *t)
 {
     (void)t;
-    if (g_app.policy_ops == &kvr_policy_cache_aware)
-        kvr_cache_aware_sweep(g_app.policy, 10000);
-    kvr_session_map_sweep(g_app.response_pins, kvr_now_ms(), 10000);
+    for (size_t i = 0; i < g_app.routes->n; i++)
+        kvr_route_sweep(g_app.routes->routes[i], 10000);
+}
+
+static void on_sighup(uv_signal_t *s, int signum)
+{
+    (void)s, (void)signum;
+    if (!g_app.cfg.config_file) {
+        KVR_WARN("msg=\"SIGHUP: no --config file to reload\"");
+        return;
+    }
+    KVR_INFO("msg=\"SIGHUP: reloading\" file=%s", g_app.cfg.config_file);
+    kvr_errlist errs = {0};
+    kvr_app_reload(&g_app, &errs);
+    kvr_errlist_free(&errs);
 }
 
 static void on_signal(uv_signal_t *s, int signum)
@@ -103,26 +116,36 @@ int main(int argc, char **argv)
 {
     kvr_app *app = &g_app;
     char err[512];
+    kvr_errlist errs = {0};
     kvr_config_default(&app->cfg);
-    int rc = kvr_config_parse(&app->cfg, argc, argv, err, sizeof(err));
+    app->argc = argc;
+    app->argv = argv;
+    int rc = kvr_config_load(&app->cfg, argc, argv, &errs);
     if (rc == 1)
         return 0;
-    if (rc < 0) {
-        fprintf(stderr, "kvroute: %s\n", err);
-        return 2;
+    if (rc < 0 && !app->cfg.check)
+        kvr_errlist_print(&errs, stderr, "kvroute: ");
+    if (app->cfg.check) {
+        /* --check: every error on its own line (stdout), or a one-line summary. */
+        if (rc < 0) {
+            kvr_errlist_print(&errs, stdout, NULL);
+        } else {
+            kvr_config_summary(&app->cfg, err, sizeof(err));
+            printf("%s\n", err);
+        }
+        kvr_errlist_free(&errs);
+        kvr_config_free(&app->cfg);
+        return rc < 0 ? 1 : 0;
     }
+    kvr_errlist_free(&errs);
+    if (rc < 0)
+        return 2;
     int lvl = kvr_log_parse_level(app->cfg.log_level);
     if (lvl < 0) {
         fprintf(stderr, "kvroute: --log-level: expected debug, info, warn or error\n");
         return 2;
     }
     kvr_log_set_level((kvr_log_level)lvl);
-    app->policy_ops = kvr_policy_find(app->cfg.policy);
-    if (!app->policy_ops) {
-        fprintf(stderr, "kvroute: unknown --policy '%s' (one of %s)\n", app->cfg.policy,
-                kvr_policy_names());
-        return 2;
-    }
     if (app->cfg.seed)
         kvr_rand_seed(app->cfg.seed);
     kvr_session_sources_default(&app->session_sources);
@@ -153,22 +176,15 @@ int main(int argc, char **argv)
 
     app->loop = uv_default_loop();
     app->reg = kvr_registry_new();
-    for (size_t i = 0; i < app->cfg.nworkers; i++) {
-        if (!kvr_registry_add(app->reg, app->cfg.workers[i])) {
-            fprintf(stderr, "kvroute: --worker '%s': expected a distinct http:// URL\n",
-                    app->cfg.workers[i]);
-            return 2;
-        }
-    }
-    app->scratch = calloc(app->cfg.nworkers, sizeof(*app->scratch));
-    if (app->cfg.model)
-        kvr_app_add_model(app, app->cfg.model);
     app->metrics = kvr_metrics_new();
     kvr_app_metrics_init(app);
-    app->policy = app->policy_ops->create(&app->cfg.policy_cfg, app->cfg.model ? app->cfg.model : "");
-    app->response_pins = kvr_session_map_create(app->cfg.policy_cfg.session_ttl_s * 1000,
-                                                app->cfg.policy_cfg.max_sessions);
     app->up = kvr_upstream_new(app->loop, &app->cfg.upstream);
+    app->discovering = app->cfg.nroutes == 0 && !app->cfg.model;
+    kvr_app_workers_ctx_init(app);
+    if (kvr_app_apply(app, &app->cfg, &errs) < 0) {
+        kvr_errlist_print(&errs, stderr, "kvroute: ");
+        return 2;
+    }
     app->http = kvr_http_server_new(app->loop, &app->cfg.http, kvr_api_handle, app);
     int lr = kvr_http_server_listen(app->http, app->cfg.host, app->cfg.port);
     if (lr < 0) {
@@ -187,25 +203,34 @@ int main(int argc, char **argv)
     }
     uv_timer_init(app->loop, &g_sweep_timer);
     uv_timer_start(&g_sweep_timer, sweep_tick, 1000, 1000);
-    kvr_scrape_start(app);
+    kvr_scrape_start(&app->wctx);
+    kvr_discovery_start(&app->wctx);
     uv_signal_init(app->loop, &g_sigterm);
     uv_signal_init(app->loop, &g_sigint);
+    uv_signal_init(app->loop, &g_sighup);
     uv_signal_start(&g_sigterm, on_signal, SIGTERM);
     uv_signal_start(&g_sigint, on_signal, SIGINT);
+    uv_signal_start(&g_sighup, on_sighup, SIGHUP);
     uv_timer_init(app->loop, &g_drain_timer);
-    kvr_health_start(app);
-    KVR_INFO("msg=\"listening\" addr=%s:%d policy=%s workers=%zu model=%s admin=%d",
-             app->cfg.host, app->cfg.port, app->policy_ops->name, app->cfg.nworkers,
-             app->cfg.model ? app->cfg.model : "(discovering)", app->cfg.admin_port);
+    kvr_health_start(&app->wctx);
+    KVR_INFO("msg=\"listening\" addr=%s:%d policy=%s workers=%zu routes=%zu mode=%s admin=%d",
+             app->cfg.host, app->cfg.port, app->cfg.route.policy, app->cfg.nworkers,
+             app->routes->n,
+             app->cfg.nroutes ? "config" : app->cfg.model ? app->cfg.model : "(discovering)",
+             app->cfg.admin_port);
     uv_run(app->loop, UV_RUN_DEFAULT);
     uv_loop_close(app->loop);
-    app->policy_ops->destroy(app->policy);
+    kvr_route_table_free(app->routes);
+    for (size_t i = 0; i < app->ndeparted; i++)
+        kvr_worker_unref(app->departed[i]);
+    free(app->departed);
     kvr_metrics_free(app->metrics);
-    kvr_session_map_destroy(app->response_pins);
     kvr_registry_free(app->reg);
-    for (size_t i = 0; i < app->nmodels; i++)
-        free(app->models[i]);
-    free(app->scratch);
+    if (app->live && app->live != &app->cfg) {
+        kvr_config_free(app->live);
+        free(app->live);
+    }
+    kvr_config_free(&app->cfg);
     KVR_INFO("msg=\"exit\"");
     return 0;
 }

@@ -7,12 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "api/errors.h"
+#include "app/reply.h"
 #include "api/validate.h"
 #include "proxy/keys.h"
-#include "routing/policies.h"
-#include "routing/policy_cache_aware.h"
 #include "util/json_read.h"
+#include "util/log.h"
 #include "util/oai_error.h"
 
 static char *g_token;
@@ -79,9 +78,24 @@ static void reply_error(kvr_http_req *r, int status, const char *msg,
     kvr_buf_free(&b);
 }
 
-static int is_cache_aware(const kvr_app *app)
+/* The routes that target `w`, and what they learned about it, summed. */
+static json_t *worker_routes(kvr_app *app, const kvr_worker *w, kvr_policy_worker_stats *sum)
 {
-    return app->policy_ops == &kvr_policy_cache_aware;
+    json_t *names = json_array();
+    memset(sum, 0, sizeof(*sum));
+    for (size_t i = 0; i < app->routes->n; i++) {
+        kvr_route *rt = app->routes->routes[i];
+        if (!kvr_route_target_of(rt, w))
+            continue;
+        json_array_append_new(names, json_string(rt->name));
+        kvr_policy_worker_stats st;
+        kvr_route_worker_stats(rt, w, &st);
+        sum->index_blocks += st.index_blocks;
+        sum->sessions += st.sessions;
+        if (st.index_capacity > sum->index_capacity)
+            sum->index_capacity = st.index_capacity;
+    }
+    return names;
 }
 
 static void workers(kvr_app *app, kvr_http_req *r)
@@ -89,20 +103,123 @@ static void workers(kvr_app *app, kvr_http_req *r)
     json_t *arr = json_array();
     for (size_t i = 0; i < kvr_registry_count(app->reg); i++) {
         kvr_worker *w = kvr_registry_at(app->reg, i);
-        kvr_cache_aware_worker_stats st = {0};
-        if (is_cache_aware(app))
-            kvr_cache_aware_worker_stats_get(app->policy, w->id, &st);
-        json_array_append_new(
-            arr, json_pack("{s:s,s:b,s:b,s:b,s:I,s:I,s:I,s:I,s:I,s:f,s:f,s:f,s:I}", "url", w->url,
-                           "eligible", kvr_worker_eligible(w), "healthy", w->healthy,
-                           "draining", w->draining, "inflight", (json_int_t)w->inflight,
-                           "requests", (json_int_t)w->requests, "index_blocks",
-                           (json_int_t)st.index_blocks, "index_capacity",
-                           (json_int_t)st.index_capacity, "sessions", (json_int_t)st.sessions,
-                           "queue", w->queue, "running", w->running, "kv_usage", w->kv_usage,
-                           "kv_tokens", (json_int_t)w->kv_tokens));
+        kvr_policy_worker_stats st;
+        json_t *routes = worker_routes(app, w, &st);
+        json_t *o = json_pack("{s:s,s:s,s:f,s:b,s:b,s:b,s:I,s:I,s:I,s:I,s:I,s:f,s:f,s:f,s:I,s:o}",
+                              "url", w->url, "name", w->name, "weight", w->weight, "eligible",
+                              kvr_worker_eligible(w), "healthy", w->healthy, "draining",
+                              w->draining, "inflight", (json_int_t)w->inflight, "requests",
+                              (json_int_t)w->requests, "index_blocks",
+                              (json_int_t)st.index_blocks, "index_capacity",
+                              (json_int_t)st.index_capacity, "sessions",
+                              (json_int_t)st.sessions, "queue", w->queue, "running", w->running,
+                              "kv_usage", w->kv_usage, "kv_tokens", (json_int_t)w->kv_tokens,
+                              "routes", routes);
+        json_array_append_new(arr, o);
     }
-    reply(r, 200, json_pack("{s:s,s:o}", "policy", app->policy_ops->name, "workers", arr));
+    const char *policy = app->routes->n ? app->routes->routes[0]->ops->name
+                                        : app->cfg.route.policy;
+    reply(r, 200, json_pack("{s:s,s:o}", "policy", policy, "workers", arr));
+}
+
+static void routes(kvr_app *app, kvr_http_req *r)
+{
+    json_t *arr = json_array();
+    for (size_t i = 0; i < app->routes->n; i++) {
+        kvr_route *rt = app->routes->routes[i];
+        json_t *aliases = json_array(), *targets = json_array();
+        for (size_t a = 0; a < rt->naliases; a++)
+            json_array_append_new(aliases, json_string(rt->aliases[a]));
+        for (size_t t = 0; t < rt->ntargets; t++) {
+            const kvr_route_target *tg = &rt->targets[t];
+            kvr_policy_worker_stats st;
+            kvr_route_worker_stats(rt, tg->worker, &st);
+            json_array_append_new(
+                targets,
+                json_pack("{s:s,s:s,s:s,s:f,s:b,s:I,s:I,s:I}", "worker", tg->worker->name, "url",
+                          tg->worker->url, "model", tg->model, "weight", tg->weight, "eligible",
+                          kvr_worker_eligible(tg->worker), "inflight",
+                          (json_int_t)tg->worker->inflight, "index_blocks",
+                          (json_int_t)st.index_blocks, "sessions", (json_int_t)st.sessions));
+        }
+        kvr_policy_stats ps;
+        kvr_route_stats(rt, &ps);
+        json_array_append_new(arr, json_pack("{s:s,s:o,s:s,s:o,s:I,s:I}", "name", rt->name,
+                                             "aliases", aliases, "policy", rt->ops->name,
+                                             "targets", targets, "index_blocks",
+                                             (json_int_t)ps.index_blocks, "sessions",
+                                             (json_int_t)ps.sessions));
+    }
+    reply(r, 200, json_pack("{s:I,s:o}", "generation", (json_int_t)app->generation, "routes",
+                            arr));
+}
+
+static int hexval(char c)
+{
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                  : -1;
+}
+
+/* Percent-decodes `n` bytes of a path segment (a worker named by its URL arrives encoded). */
+static int pct_decode(const char *s, size_t n, char *out, size_t cap)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (c == '%' && i + 2 < n && hexval(s[i + 1]) >= 0 && hexval(s[i + 2]) >= 0) {
+            c = (char)(hexval(s[i + 1]) * 16 + hexval(s[i + 2]));
+            i += 2;
+        }
+        if (k + 1 >= cap || c == '\0')
+            return -1;
+        out[k++] = c;
+    }
+    out[k] = '\0';
+    return 0;
+}
+
+/* POST /workers/{name}/drain and /undrain. */
+static void drain(kvr_app *app, kvr_http_req *r, const char *rest)
+{
+    const char *slash = strrchr(rest, '/');
+    char name[2048];
+    int on = slash && strcmp(slash, "/drain") == 0;
+    if (!slash || (!on && strcmp(slash, "/undrain") != 0) ||
+        pct_decode(rest, (size_t)(slash - rest), name, sizeof(name)) < 0) {
+        reply_error(r, 404, "unknown admin path", NULL, 0);
+        return;
+    }
+    kvr_worker *w = kvr_registry_find_name(app->reg, name);
+    if (!w)
+        w = kvr_registry_find_url(app->reg, name);
+    if (!w) {
+        reply_error(r, 404, "no such worker", NULL, 0);
+        return;
+    }
+    if (w->draining != on)
+        KVR_INFO("msg=\"%s\" worker=%s inflight=%lld", on ? "worker draining" : "worker undrained",
+                 w->url, (long long)w->inflight);
+    w->draining = on;
+    reply(r, 200, json_pack("{s:s,s:s,s:b,s:I}", "name", w->name, "url", w->url, "draining",
+                            w->draining, "inflight", (json_int_t)w->inflight));
+}
+
+static void reload(kvr_app *app, kvr_http_req *r)
+{
+    kvr_errlist errs = {0};
+    if (kvr_app_reload(app, &errs) == 0) {
+        reply(r, 200, json_pack("{s:s,s:I}", "result", "ok", "generation",
+                                (json_int_t)app->generation));
+    } else {
+        json_t *list = json_array();
+        for (size_t i = 0; i < errs.n; i++)
+            json_array_append_new(list, json_string(errs.msg[i]));
+        reply(r, 422, json_pack("{s:s,s:I,s:o}", "result", "error", "generation",
+                                (json_int_t)app->generation, "errors", list));
+    }
+    kvr_errlist_free(&errs);
 }
 
 static int endpoint_of(kvr_http_req *r, const json_t *body, kvr_endpoint *ep)
@@ -145,47 +262,58 @@ static void debug_route(kvr_app *app, kvr_http_req *r)
         reply_error(r, 400, msg, NULL, 0);
         return;
     }
+    kvr_route *rt = kvr_app_route(app, json_string_value(json_object_get(j, "model")));
+    if (!rt) {
+        json_decref(j);
+        reply_error(r, 404, "the body's model names no route", NULL, 0);
+        return;
+    }
     kvr_request_keys keys;
-    int krc = kvr_request_keys_build(app, j, ep, r, &keys);
-    kvr_pick pinned = {0};
-    int is_pinned = kvr_proxy_pick_pinned(app, j, ep, &pinned);
+    int krc = kvr_request_keys_build(app, rt, j, ep, r, &keys);
+    size_t pin_len = 0;
+    const char *pin = ep == KVR_EP_RESPONSES ? kvr_route_previous_response_id(j, &pin_len) : NULL;
+    kvr_pick pick = {0};
+    const kvr_explain_row *ex = NULL;
+    size_t n = 0;
+    int rc = krc < 0 ? -1 : kvr_route_explain(rt, &keys.k, pin, pin_len, &pick, &ex, &n);
     json_decref(j);
-    size_t n = kvr_registry_eligible(app->reg, app->scratch);
-    if (krc < 0 || n == 0) {
+    if (rc < 0) {
         kvr_request_keys_free(&keys);
         reply_error(r, 503, krc < 0 ? "out of memory" : "no eligible worker", NULL, 0);
         return;
     }
-    kvr_pick pick = {0};
     json_t *rows = json_array();
-    if (is_cache_aware(app)) {
-        kvr_cache_aware_explain_row *ex = calloc(n, sizeof(*ex));
-        if (ex && kvr_cache_aware_explain(app->policy, app->scratch, n, &keys.k, ex, &pick) == 0)
-            for (size_t i = 0; i < n; i++)
-                json_array_append_new(
-                    rows, json_pack("{s:s,s:f,s:I,s:I,s:b,s:b}", "url", ex[i].worker->url,
-                                    "match", ex[i].match, "matched_bytes",
-                                    (json_int_t)ex[i].matched_bytes, "inflight",
-                                    (json_int_t)ex[i].inflight, "overloaded", ex[i].overloaded,
-                                    "session_owner", ex[i].session_owner));
-        free(ex);
-    } else {
-        app->policy_ops->pick(app->policy, app->scratch, n, &keys.k, &pick);
-        for (size_t i = 0; i < n; i++)
-            json_array_append_new(rows, json_pack("{s:s,s:I}", "url", app->scratch[i]->url,
-                                                  "inflight",
-                                                  (json_int_t)app->scratch[i]->inflight));
-    }
-    if (is_pinned)
-        pick = pinned;
-    json_t *out = json_pack("{s:s,s:s?,s:s?,s:f,s:I,s:I,s:o}", "policy", app->policy_ops->name,
-                            "decision", pick.decision, "worker",
+    for (size_t i = 0; i < n; i++)
+        json_array_append_new(
+            rows, json_pack("{s:s,s:s,s:f,s:I,s:I,s:b,s:b}", "url", ex[i].worker->url, "name",
+                            ex[i].worker->name, "match", ex[i].match, "matched_bytes",
+                            (json_int_t)ex[i].matched_bytes, "inflight",
+                            (json_int_t)ex[i].inflight, "overloaded", ex[i].overloaded,
+                            "session_owner", ex[i].session_owner));
+    json_t *out = json_pack("{s:s,s:s,s:s?,s:s?,s:f,s:I,s:I,s:o}", "route", rt->name, "policy",
+                            rt->ops->name, "decision", pick.decision, "worker",
                             pick.worker ? pick.worker->url : NULL, "match", pick.match,
                             "session_key_bytes", (json_int_t)keys.k.session_len,
                             "routing_text_bytes", (json_int_t)keys.k.text_len, "workers", rows);
     kvr_request_keys_free(&keys);
     reply(r, 200, out);
 }
+
+/* drain() takes the path rest after "/workers/"; the others ignore it. */
+static void drain_path(kvr_app *app, kvr_http_req *r)
+{
+    drain(app, r, kvr_http_req_path(r) + 9);
+}
+
+static const struct {
+    const char *path;
+    int prefix;  /* 1: path is a prefix followed by a non-empty rest */
+    int post;    /* 1: POST only; 0: GET only */
+    void (*fn)(kvr_app *app, kvr_http_req *r);
+} admin_routes[] = {
+    {"/workers/", 1, 1, drain_path}, {"/workers", 0, 0, workers}, {"/routes", 0, 0, routes},
+    {"/reload", 0, 1, reload},       {"/debug/route", 0, 1, debug_route},
+};
 
 void kvr_admin_handle(kvr_http_req *r, void *ud)
 {
@@ -196,18 +324,21 @@ void kvr_admin_handle(kvr_http_req *r, void *ud)
         reply_error(r, 401, "missing or wrong admin bearer token", &h, 1);
         return;
     }
-    int get = strcmp(method, "GET") == 0, post = strcmp(method, "POST") == 0;
-    if (strcmp(path, "/workers") == 0) {
-        if (get)
-            workers(app, r);
-        else
-            reply_error(r, 405, "use GET", &(kvr_http_header){"Allow", 5, "GET", 3}, 1);
-    } else if (strcmp(path, "/debug/route") == 0) {
-        if (post)
-            debug_route(app, r);
-        else
-            reply_error(r, 405, "use POST", &(kvr_http_header){"Allow", 5, "POST", 4}, 1);
-    } else {
-        reply_error(r, 404, "unknown admin path", NULL, 0);
+    for (size_t i = 0; i < sizeof(admin_routes) / sizeof(admin_routes[0]); i++) {
+        size_t n = strlen(admin_routes[i].path);
+        int match = admin_routes[i].prefix
+                        ? strncmp(path, admin_routes[i].path, n) == 0 && path[n]
+                        : strcmp(path, admin_routes[i].path) == 0;
+        if (!match)
+            continue;
+        const char *want = admin_routes[i].post ? "POST" : "GET";
+        if (strcmp(method, want) != 0) {
+            kvr_http_header allow = {"Allow", 5, want, strlen(want)};
+            reply_error(r, 405, admin_routes[i].post ? "use POST" : "use GET", &allow, 1);
+            return;
+        }
+        admin_routes[i].fn(app, r);
+        return;
     }
+    reply_error(r, 404, "unknown admin path", NULL, 0);
 }

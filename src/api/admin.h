@@ -1,5 +1,5 @@
 /* The admin listener (--admin-port, off by default; loopback unless --admin-host says
- * otherwise): GET /workers and POST /debug/route. With --admin-token-file every request must
+ * otherwise): workers, routes, drain, reload and routing explanations. With --admin-token-file every request must
  * carry `Authorization: Bearer <token>` (401 otherwise). */
 #ifndef KVR_API_ADMIN_H
 #define KVR_API_ADMIN_H
@@ -10,13 +10,22 @@
  *  empty. */
 int kvr_admin_load_token(kvr_app *app, char *err, size_t cap);
 /** The kvr_http_handler of the admin listener; `ud` is the kvr_app.
- *  GET /workers → {"workers":[{url, eligible, healthy, draining, inflight, requests,
- *  index_blocks, index_capacity, sessions, queue, running, kv_usage, kv_tokens}]}.
+ *  GET /workers → {"policy", "workers":[{url, name, weight, eligible, healthy, draining,
+ *  inflight, requests, index_blocks, index_capacity, sessions (summed over its routes), queue,
+ *  running, kv_usage, kv_tokens, routes:[route names]}]}.
+ *  GET /routes → {"generation", "routes":[{name, aliases, policy, index_blocks, sessions,
+ *  targets:[{worker (name), url, model (upstream), weight, eligible, inflight, index_blocks,
+ *  sessions}]}]}.
+ *  POST /workers/{name}/drain, /workers/{name}/undrain (`name` percent-decoded; a URL works
+ *  too) → {name, url, draining, inflight}; 404 for an unknown worker.
+ *  POST /reload → 200 {"result":"ok","generation"} or 422 {"result":"error","errors":[...]}
+ *  (nothing changed).
  *  POST /debug/route (body = a request as a client would send it, headers = its headers;
- *  endpoint from `?endpoint=chat|completions|responses`, else guessed from the body's fields)
- *  → the decision kvroute would make now, without forwarding or teaching:
- *  {policy, decision, worker, match, session_key_bytes, routing_text_bytes,
- *   workers:[{url, match, matched_bytes, inflight, overloaded, session_owner}]}. */
+ *  endpoint from `?endpoint=chat|completions|responses`, else guessed from the body's fields;
+ *  the route from the body's `model`, 404 when none) → the decision kvroute would make now,
+ *  without forwarding or teaching: {route, policy, decision, worker, match,
+ *  session_key_bytes, routing_text_bytes, workers:[{url, name, match, matched_bytes,
+ *  inflight, overloaded, session_owner}]}. */
 void kvr_admin_handle(kvr_http_req *r, void *ud);
 
 #endif

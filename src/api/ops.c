@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "api/errors.h"
+#include "app/reply.h"
 #include "util/time.h"
 
 static void reply_json(kvr_app *app, kvr_http_req *r, int status, json_t *j)
@@ -14,10 +14,10 @@ static void reply_json(kvr_app *app, kvr_http_req *r, int status, json_t *j)
     char *s = json_dumps(j, JSON_COMPACT);
     json_decref(j);
     if (!s) {
-        kvr_api_error(app, r, NULL, 500, "out of memory", NULL, NULL, NULL, 0);
+        kvr_reply_error(app, r, NULL, 500, "out of memory", NULL, NULL, NULL, 0);
         return;
     }
-    kvr_api_count(app, r, NULL, status);
+    kvr_reply_count(app, r, NULL, status);
     kvr_http_resp_simple(r, status, "application/json", NULL, 0, s, strlen(s));
     free(s);
 }
@@ -31,15 +31,19 @@ static json_t *model_object(const char *id)
 void kvr_api_models(kvr_app *app, kvr_http_req *r)
 {
     json_t *data = json_array();
-    for (size_t i = 0; i < app->nmodels; i++)
-        json_array_append_new(data, model_object(app->models[i]));
+    for (size_t i = 0; i < app->routes->n; i++) {
+        const kvr_route *rt = app->routes->routes[i];
+        json_array_append_new(data, model_object(rt->name));
+        for (size_t a = 0; a < rt->naliases; a++)
+            json_array_append_new(data, model_object(rt->aliases[a]));
+    }
     reply_json(app, r, 200, json_pack("{s:s,s:o}", "object", "list", "data", data));
 }
 
 void kvr_api_model(kvr_app *app, kvr_http_req *r, const char *id)
 {
-    if (!kvr_app_serves(app, id)) {
-        kvr_api_error(app, r, NULL, 404, "The model does not exist or is not served here",
+    if (!kvr_app_route(app, id)) {
+        kvr_reply_error(app, r, NULL, 404, "The model does not exist or is not served here",
                       "model", "model_not_found", NULL, 0);
         return;
     }
@@ -54,8 +58,10 @@ void kvr_api_healthz(kvr_app *app, kvr_http_req *r)
 
 void kvr_api_readyz(kvr_app *app, kvr_http_req *r)
 {
-    size_t n = kvr_registry_eligible(app->reg, app->scratch);
-    int ready = n > 0 && app->nmodels > 0 && !app->draining;
+    size_t n = 0;
+    for (size_t i = 0; i < kvr_registry_count(app->reg); i++)
+        n += kvr_worker_eligible(kvr_registry_at(app->reg, i)) != 0;
+    int ready = n > 0 && app->routes->n > 0 && !app->draining;
     reply_json(app, r, ready ? 200 : 503,
                json_pack("{s:s,s:I,s:I}", "status", ready ? "ready" : "not_ready",
                          "eligible_workers", (json_int_t)n, "workers",
@@ -66,10 +72,10 @@ void kvr_api_metrics(kvr_app *app, kvr_http_req *r)
 {
     kvr_buf b;
     kvr_buf_init(&b, 0);
-    kvr_api_count(app, r, NULL, 200);
+    kvr_reply_count(app, r, NULL, 200);
     if (kvr_metrics_render(app->metrics, &b) < 0) {
         kvr_buf_free(&b);
-        kvr_api_error(app, r, NULL, 500, "metrics rendering failed", NULL, NULL, NULL, 0);
+        kvr_reply_error(app, r, NULL, 500, "metrics rendering failed", NULL, NULL, NULL, 0);
         return;
     }
     kvr_http_resp_simple(r, 200, "text/plain; version=0.0.4; charset=utf-8", NULL, 0, b.data,

@@ -3,9 +3,13 @@
 
 #include <string.h>
 
-#include "api/errors.h"
+#include <stdio.h>
+
 #include "api/ops.h"
+#include "api/validate.h"
+#include "app/reply.h"
 #include "proxy/proxy.h"
+#include "util/json_read.h"
 
 typedef enum { R_CHAT, R_COMPLETIONS, R_RESPONSES, R_MODELS, R_HEALTHZ, R_READYZ, R_METRICS } route;
 
@@ -20,6 +24,51 @@ static const struct {
     {"/metrics", R_METRICS, 0},
 };
 
+/* A proxied endpoint: parse and validate the body once, find the route its `model` names,
+ * and hand the request to the proxy. */
+static void proxied(kvr_app *app, kvr_http_req *r, kvr_endpoint ep)
+{
+    size_t blen;
+    const char *body = kvr_http_req_body(r, &blen);
+    json_error_t jerr;
+    json_t *j = kvr_json_read(body, blen, &jerr);
+    char msg[300];
+    if (!j) {
+        snprintf(msg, sizeof(msg), "invalid JSON body: %s (line %d, column %d)", jerr.text,
+                 jerr.line, jerr.column);
+        kvr_reply_error(app, r, NULL, 400, msg, NULL, "invalid_json", NULL, 0);
+        return;
+    }
+    const char *param = NULL;
+    if (kvr_api_validate(j, ep, msg, sizeof(msg), &param)) {
+        json_decref(j);
+        kvr_reply_error(app, r, NULL, 400, msg, param, "invalid_value", NULL, 0);
+        return;
+    }
+    const char *model = json_string_value(json_object_get(j, "model"));
+    kvr_route *route = kvr_app_route(app, model);
+    if (!route && app->discovering && app->routes->n == 0) {
+        /* Discovery has not succeeded yet: a temporary state, not an unknown model. */
+        char ra[24];
+        snprintf(ra, sizeof(ra), "%llu", (unsigned long long)app->cfg.retry_after_s);
+        kvr_http_header h = {"Retry-After", 11, ra, strlen(ra)};
+        json_decref(j);
+        kvr_reply_error(app, r, NULL, 503,
+                        "no model is known yet: no worker has answered /v1/models", NULL,
+                        "no_eligible_worker", &h, 1);
+        return;
+    }
+    if (!route) {
+        snprintf(msg, sizeof(msg), "The model '%.200s' does not exist or is not served here",
+                 model);
+        json_decref(j);
+        kvr_reply_error(app, r, NULL, 404, msg, "model", "model_not_found", NULL, 0);
+        return;
+    }
+    kvr_proxy_forward(app, r, ep, route, j);
+    json_decref(j);
+}
+
 void kvr_api_handle(kvr_http_req *r, void *ud)
 {
     kvr_app *app = ud;
@@ -32,19 +81,19 @@ void kvr_api_handle(kvr_http_req *r, void *ud)
         if (!ok) {
             kvr_http_header allow = {"Allow", 5, routes[i].post ? "POST" : "GET, HEAD",
                                      routes[i].post ? 4 : 9};
-            kvr_api_error(app, r, NULL, 405, "method not allowed for this endpoint", NULL,
+            kvr_reply_error(app, r, NULL, 405, "method not allowed for this endpoint", NULL,
                           "method_not_allowed", &allow, 1);
             return;
         }
         switch (routes[i].r) {
         case R_CHAT:
-            kvr_proxy_handle(app, r, KVR_EP_CHAT);
+            proxied(app, r, KVR_EP_CHAT);
             return;
         case R_COMPLETIONS:
-            kvr_proxy_handle(app, r, KVR_EP_COMPLETIONS);
+            proxied(app, r, KVR_EP_COMPLETIONS);
             return;
         case R_RESPONSES:
-            kvr_proxy_handle(app, r, KVR_EP_RESPONSES);
+            proxied(app, r, KVR_EP_RESPONSES);
             return;
         case R_MODELS:
             kvr_api_models(app, r);
@@ -65,5 +114,5 @@ void kvr_api_handle(kvr_http_req *r, void *ud)
         kvr_api_model(app, r, path + 11);
         return;
     }
-    kvr_api_error(app, r, NULL, 404, "unknown path", NULL, "not_found", NULL, 0);
+    kvr_reply_error(app, r, NULL, 404, "unknown path", NULL, "not_found", NULL, 0);
 }

@@ -6,7 +6,7 @@
 #include <jansson.h>
 #include <stddef.h>
 
-#include "proxy/proxy.h"
+#include "routing/keys.h"
 
 /** Returns 0 when `body` is acceptable for `ep`; else writes a message into `msg` (cap bytes),
  *  points `*param` at the offending field name (static string) and returns 400.

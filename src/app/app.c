@@ -4,8 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "routing/policies.h"
-#include "routing/policy_cache_aware.h"
+#include "workers/health.h"
 
 static const double latency_bounds[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                                         1,     2.5,  5,     10,   30,  60,  120, 300};
@@ -13,25 +12,61 @@ static const double latency_bounds[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5
 
 static void refresh_index(kvr_app *app)
 {
-    if (app->policy_ops != &kvr_policy_cache_aware || !app->policy)
-        return;
-    kvr_cache_aware_stats st;
-    kvr_cache_aware_stats_get(app->policy, &st);
-    const char *model = app->nmodels ? app->models[0] : "";
-    const char *lv[] = {model};
-    kvr_metric_set(app->m.index_blocks, lv, (double)st.index_blocks);
-    kvr_metric_set(app->m.index_evictions, lv, (double)st.index_evictions);
-    kvr_metric_set(app->m.sessions, lv, (double)st.sessions);
-    for (int r = 0; r < KVR_SESSION_EVICT_NREASONS; r++) {
-        const char *lr[] = {model, kvr_session_evict_reason_name((kvr_session_evict_reason)r)};
-        kvr_metric_set(app->m.session_evictions, lr, (double)st.session_evictions[r]);
+    for (size_t i = 0; app->routes && i < app->routes->n; i++) {
+        kvr_route *rt = app->routes->routes[i];
+        kvr_policy_stats st;
+        kvr_route_stats(rt, &st);
+        const char *lv[] = {rt->name};
+        kvr_metric_set(app->m.index_blocks, lv, (double)st.index_blocks);
+        kvr_metric_set(app->m.index_evictions, lv, (double)st.index_evictions);
+        kvr_metric_set(app->m.sessions, lv, (double)st.sessions);
+        for (int r = 0; r < KVR_SESSION_EVICT_NREASONS; r++) {
+            const char *lr[] = {rt->name,
+                                kvr_session_evict_reason_name((kvr_session_evict_reason)r)};
+            kvr_metric_set(app->m.session_evictions, lr, (double)st.session_evictions[r]);
+        }
     }
+}
+
+/* A removed worker's gauges follow it until its last request ended, then its series go. */
+static void refresh_departed(kvr_app *app)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < app->ndeparted; i++) {
+        kvr_worker *w = app->departed[i];
+        const char *lv[] = {w->url};
+        if (w->inflight > 0) {
+            kvr_metric_set(app->m.inflight, lv, (double)w->inflight);
+            app->departed[k++] = w;
+            continue;
+        }
+        /* Re-added under the same URL meanwhile: its series are the new worker's. */
+        if (!kvr_registry_find_url(app->reg, w->url)) {
+            kvr_metric *per_worker[] = {app->m.inflight, app->m.healthy, app->m.queue,
+                                        app->m.kv_usage};
+            for (size_t m = 0; m < sizeof(per_worker) / sizeof(per_worker[0]); m++)
+                kvr_metric_remove_matching(per_worker[m], "worker", w->url);
+        }
+        kvr_worker_unref(w);
+    }
+    app->ndeparted = k;
+}
+
+void kvr_app_depart(kvr_app *app, kvr_worker *w)
+{
+    kvr_worker **d = realloc(app->departed, (app->ndeparted + 1) * sizeof(*d));
+    if (!d)
+        return; /* its gauges then keep their last values: harmless */
+    kvr_worker_ref(w);
+    app->departed = d;
+    app->departed[app->ndeparted++] = w;
 }
 
 static void refresh_workers(void *ud)
 {
     kvr_app *app = ud;
     refresh_index(app);
+    refresh_departed(app);
     for (size_t i = 0; i < kvr_registry_count(app->reg); i++) {
         kvr_worker *w = kvr_registry_at(app->reg, i);
         const char *lv[] = {w->url};
@@ -105,35 +140,57 @@ void kvr_app_metrics_init(kvr_app *app)
     const char *mr[] = {"model", "reason"};
     m->session_evictions = kvr_metrics_counter(r, "kvroute_session_evictions_total",
                                                "Session map entries dropped, by reason", 2, mr);
+    const char *res[] = {"result"};
+    m->reloads = kvr_metrics_counter(r, "kvroute_config_reloads_total",
+                                     "Config reloads (SIGHUP, POST /reload) by result", 1, res);
+    m->generation = kvr_metrics_gauge(r, "kvroute_config_generation",
+                                      "Configurations applied since start (+1 per reload)", 0,
+                                      NULL);
+    /* Both results exist from the start, so rate() and alerts see a 0 before the first. */
+    const char *ok[] = {"ok"}, *error[] = {"error"};
+    kvr_metric_inc(m->reloads, ok, 0);
+    kvr_metric_inc(m->reloads, error, 0);
     kvr_metrics_add_process(r);
     kvr_metrics_on_render(r, refresh_workers, app);
 }
 
-int kvr_app_add_model(kvr_app *app, const char *name)
+kvr_route *kvr_app_route(kvr_app *app, const char *model)
 {
-    if (kvr_app_serves(app, name))
-        return 0;
-    if (app->nmodels == KVR_MAX_MODELS)
-        return -1;
-    char *c = strdup(name);
-    if (!c)
-        return -1;
-    app->models[app->nmodels++] = c;
-    return 0;
-}
-
-int kvr_app_serves(const kvr_app *app, const char *name)
-{
-    for (size_t i = 0; i < app->nmodels; i++)
-        if (strcmp(app->models[i], name) == 0)
-            return 1;
-    return 0;
+    return kvr_route_table_find(app->routes, model);
 }
 
 void kvr_app_forget_worker(kvr_app *app, kvr_worker *w)
 {
-    if (app->policy_ops->forget_worker)
-        app->policy_ops->forget_worker(app->policy, w);
-    if (app->response_pins)
-        kvr_session_map_forget_worker(app->response_pins, w->id);
+    for (size_t i = 0; app->routes && i < app->routes->n; i++)
+        kvr_route_forget_worker(app->routes->routes[i], w);
+}
+
+static void on_worker_down(void *ud, kvr_worker *w)
+{
+    kvr_app_forget_worker(ud, w);
+}
+
+static void on_worker_models(void *ud, kvr_worker *w)
+{
+    (void)w;
+    kvr_app_rediscover(ud);
+}
+
+void kvr_app_workers_ctx_init(kvr_app *app)
+{
+    app->wctx = (kvr_workers_ctx){
+        .loop = app->loop,
+        .up = app->up,
+        .reg = app->reg,
+        .health_interval_ms = app->cfg.health_interval_ms,
+        .health_path = app->cfg.health_path,
+        .scrape_interval_s = app->cfg.scrape_interval_s,
+        .discovery_interval_s = app->cfg.discovery_interval_s,
+        .discover = app->discovering,
+        .queue = app->m.queue,
+        .kv_usage = app->m.kv_usage,
+        .on_down = on_worker_down,
+        .on_models = on_worker_models,
+        .ud = app,
+    };
 }

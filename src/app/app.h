@@ -1,5 +1,5 @@
 /* The daemon's state: one per process, owned by the loop thread. Modules that serve requests
- * (api, proxy, workers) get it by pointer. */
+ * (api, proxy) get it by pointer. */
 #ifndef KVR_APP_APP_H
 #define KVR_APP_APP_H
 #include <stddef.h>
@@ -8,13 +8,11 @@
 #include "config/config.h"
 #include "http/server.h"
 #include "obs/metrics.h"
-#include "index/session_map.h"
 #include "routing/keys.h"
-#include "routing/policy.h"
+#include "routing/route.h"
 #include "upstream/upstream.h"
+#include "workers/ctx.h"
 #include "workers/registry.h"
-
-#define KVR_MAX_MODELS 32
 
 /** Metric families kvroute exports (names are contracts: docs/metrics.md). */
 typedef struct kvr_app_metrics {
@@ -37,35 +35,70 @@ typedef struct kvr_app_metrics {
     kvr_metric *session_evictions; /**< kvroute_session_evictions_total{model,reason} */
     kvr_metric *queue;             /**< kvroute_worker_queue{worker} (scraped) */
     kvr_metric *kv_usage;          /**< kvroute_worker_kv_usage{worker} (scraped) */
+    kvr_metric *reloads;           /**< kvroute_config_reloads_total{result} */
+    kvr_metric *generation;        /**< kvroute_config_generation */
 } kvr_app_metrics;
 
 /** The process-wide state. */
 typedef struct kvr_app {
     uv_loop_t *loop;
-    kvr_config cfg;
+    kvr_config cfg;                      /**< as loaded at start: global settings (a reload
+                                              changes workers, routes and route defaults) */
+    kvr_config *live;                    /**< the configuration the fleet was last built from
+                                              (&cfg, or a reloaded one owned by the app) */
+    int argc;                            /**< the command line, re-applied over the file on
+                                              every reload */
+    char **argv;
     kvr_http_server *http;
     kvr_upstream *up;
     kvr_registry *reg;
+    kvr_workers_ctx wctx;                /**< health checks, scraping, discovery */
     kvr_metrics *metrics;
     kvr_app_metrics m;
-    const kvr_policy_ops *policy_ops;
-    void *policy;                        /**< the policy instance (one model for now) */
-    char *models[KVR_MAX_MODELS];        /**< served model names (owned) */
-    size_t nmodels;
+    kvr_route_table *routes;             /**< the current routes (swapped by reloads) */
+    int discovering;                     /**< routes come from the workers' /v1/models */
+    uint64_t generation;                 /**< +1 per applied reload */
+    kvr_worker **departed;               /**< workers a reload removed, referenced until their
+                                              last request ended and their gauges are gone */
+    size_t ndeparted;
     int draining;                        /**< SIGTERM received */
     kvr_session_sources session_sources; /**< parsed --session-keys */
-    kvr_session_map *response_pins;      /**< Responses API response id → worker */
-    kvr_worker **scratch;                /**< room for every worker: eligible-set building */
 } kvr_app;
 
 /** Registers kvroute's metric families in app->metrics (which must exist). */
 void kvr_app_metrics_init(kvr_app *app);
-/** Forgets everything learned about `w` (sessions, prefix index, response pins): it left,
- *  restarted or lost its cache. */
+
+/** Builds (or rebuilds) the fleet from `c`: registers its workers (a worker whose URL is
+ *  already registered is kept with its load, health and learned state; its name and weight
+ *  are updated), removes the workers `c` no longer has (each finishes its requests), and
+ *  makes the routes: the file's, else one route `--model` over every worker, else one per
+ *  model the workers list (discovery). A route keeps what it learned when its name and
+ *  policy survive. Returns 0, or -1 with messages in `errs` (nothing changed then). `c` must
+ *  outlive the next call (discovery rebuilds from it): the app keeps it as app->live. */
+int kvr_app_apply(kvr_app *app, kvr_config *c, kvr_errlist *errs);
+
+/** Re-reads the config file and the command line and applies them (SIGHUP, POST /reload).
+ *  A configuration that fails validation changes nothing. Counts
+ *  kvroute_config_reloads_total{result} and kvroute_config_generation; logs every error and
+ *  every changed setting that needs a restart. Returns 0, or -1 with the errors in `errs`. */
+int kvr_app_reload(kvr_app *app, kvr_errlist *errs);
+
+/** Rebuilds the discovered routes from the workers' current model lists (discovery). */
+void kvr_app_rediscover(kvr_app *app);
+
+/** The route a client's `model` names (name or alias), or NULL. Borrowed: take a reference
+ *  (kvr_route_ref) to keep it past the current loop callback. */
+kvr_route *kvr_app_route(kvr_app *app, const char *model);
+
+/** Forgets everything every route learned about `w` (it left, restarted or lost its cache). */
 void kvr_app_forget_worker(kvr_app *app, kvr_worker *w);
-/** Adds a served model name (copied) unless present. Returns 0, or -1 when the list is full. */
-int kvr_app_add_model(kvr_app *app, const char *name);
-/** True when `name` is a served model. */
-int kvr_app_serves(const kvr_app *app, const char *name);
+
+/** Keeps `w` (just removed by a reload) referenced until its in-flight requests ended, so its
+ *  kvroute_worker_inflight series follows them to 0 and then disappears with its other
+ *  per-worker gauges. */
+void kvr_app_depart(kvr_app *app, kvr_worker *w);
+
+/** Sets up app->wctx from the configuration (after reg, up and metrics exist). */
+void kvr_app_workers_ctx_init(kvr_app *app);
 
 #endif

@@ -1,9 +1,11 @@
-/* kvroute's flag table: one row per flag (name, type, field, bounds, help), parsed by the
- * shared table-driven parser in src/util/flags.h. */
+/* kvroute's flag tables (one row per flag: name, type, field, bounds, help), parsed by the
+ * shared table-driven parser in src/util/flags.h, the order file → flags → route settings,
+ * and the cross-checks that need the whole configuration. */
 #include "config/config.h"
 
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "util/flags.h"
@@ -11,15 +13,50 @@
 static int set_worker(void *target, const kvr_flag *f, const char *v, char *err, size_t cap);
 static void show_worker(FILE *out, const void *target, const kvr_flag *f);
 
+/* Per-route flags, written once: each row is both a route key of the file (offsets into
+ * kvr_route_cfg) and a global flag setting the defaults of every route (offsets into
+ * kvr_config.route). */
+#define ROUTE_FLAGS(X)                                                                        \
+    X("policy", STR, policy, 0, 0, "routing policy")                                          \
+    X("cache-threshold", DOUBLE, p.cache_threshold, 0, 1,                                     \
+      "min prefix match ratio for prefix_match")                                              \
+    X("balance-abs-threshold", DOUBLE, p.balance_abs_threshold, 0, 1e9,                       \
+      "overload gate: load - min_load above this")                                            \
+    X("balance-rel-threshold", DOUBLE, p.balance_rel_threshold, 1, 1e9,                       \
+      "overload gate: load above min_load times this")                                        \
+    X("session-ttl", U64, p.session_ttl_s, 1, 1e9, "session TTL in seconds")                  \
+    X("max-sessions", SIZE, p.max_sessions, 1, 1e9, "session map capacity")                   \
+    X("block-bytes", SIZE, p.block_bytes, 8, 65536, "prefix index block size in bytes")       \
+    X("max-index-blocks", SIZE, p.max_index_blocks, 1, 1e10,                                  \
+      "global cap on distinct prefix index blocks")                                           \
+    X("worker-index-blocks", SIZE, p.worker_index_blocks, 0, 1e10,                            \
+      "per-worker index blocks (0 = from KV capacity, else global cap)")
+
+#define ROUTE_ROW(n, t, field, lo, hi, h)                                                     \
+    {.name = n, .type = KVR_FLAG_##t, .off = offsetof(kvr_route_cfg, field), .min = lo,       \
+     .max = hi, .help = h},
+#define GLOBAL_ROUTE_ROW(n, t, field, lo, hi, h)                                              \
+    {.name = n, .type = KVR_FLAG_##t,                                                         \
+     .off = offsetof(kvr_config, route) + offsetof(kvr_route_cfg, field), .min = lo,          \
+     .max = hi, .help = h},
+
+static const kvr_flag route_flags[] = {ROUTE_FLAGS(ROUTE_ROW)};
+
 #define OFF(f) offsetof(kvr_config, f)
 #define FL(n, t, field, lo, hi, h) \
     {.name = n, .type = KVR_FLAG_##t, .off = OFF(field), .min = lo, .max = hi, .help = h}
 static const kvr_flag flags[] = {
+    FL("config", STR, config_file, 0, 0, "YAML config file (routes, workers, settings)"),
+    FL("check", BOOL, check, 0, 0, "validate the configuration, print a summary and exit"),
     {.name = "worker", .type = KVR_FLAG_CUSTOM, .off = OFF(workers),
      .help = "worker base URL, e.g. http://127.0.0.1:9001 (repeatable)", .set = set_worker,
      .show = show_worker},
-    FL("model", STR, model, 0, 0, "model served (default: ask the workers' /v1/models)"),
-    FL("policy", STR, policy, 0, 0, "routing policy"),
+    FL("model", STR, model, 0, 0,
+       "one route of this name over every worker (default: a route per model the workers' "
+       "/v1/models list)"),
+    FL("discovery-interval", U64, discovery_interval_s, 1, 86400,
+       "seconds between reads of every worker's /v1/models when routes are discovered"),
+    ROUTE_FLAGS(GLOBAL_ROUTE_ROW)
     FL("host", STR, host, 0, 0, "address to listen on"),
     FL("port", INT, port, 1, 65535, "port to listen on"),
     FL("admin-host", STR, admin_host, 0, 0, "admin listener address"),
@@ -59,20 +96,6 @@ static const kvr_flag flags[] = {
       "max gap between a worker's body bytes"),
     FL("max-worker-connections", LONG, upstream.max_host_connections, 0, 1e6,
       "connections per worker (0 = unlimited)"),
-    FL("cache-threshold", DOUBLE, policy_cfg.cache_threshold, 0, 1,
-      "min prefix match ratio for prefix_match"),
-    FL("balance-abs-threshold", DOUBLE, policy_cfg.balance_abs_threshold, 0, 1e9,
-      "overload gate: load - min_load above this"),
-    FL("balance-rel-threshold", DOUBLE, policy_cfg.balance_rel_threshold, 1, 1e9,
-      "overload gate: load above min_load times this"),
-    FL("session-ttl", U64, policy_cfg.session_ttl_s, 1, 1e9, "session TTL in seconds"),
-    FL("max-sessions", SIZE, policy_cfg.max_sessions, 1, 1e9, "session map capacity"),
-    FL("block-bytes", SIZE, policy_cfg.block_bytes, 8, 65536,
-      "prefix index block size in bytes"),
-    FL("max-index-blocks", SIZE, policy_cfg.max_index_blocks, 1, 1e10,
-      "global cap on distinct prefix index blocks"),
-    FL("worker-index-blocks", SIZE, policy_cfg.worker_index_blocks, 0, 1e10,
-      "per-worker index blocks (0 = from KV capacity, else global cap)"),
     FL("max-routing-text-bytes", SIZE, max_routing_text_bytes, 0, 1e12,
       "routing text kept per request (longer is cut)"),
     FL("session-keys", STR, session_keys, 0, 0,
@@ -81,10 +104,65 @@ static const kvr_flag flags[] = {
       "JSON response bytes kept to read token usage"),
 };
 
+#define NFLAGS (sizeof(flags) / sizeof(flags[0]))
+#define NROUTE_FLAGS (sizeof(route_flags) / sizeof(route_flags[0]))
+
+const kvr_flag *kvr_config_flags(size_t *n)
+{
+    *n = NFLAGS;
+    return flags;
+}
+
+const kvr_flag *kvr_config_route_flags(size_t *n)
+{
+    *n = NROUTE_FLAGS;
+    return route_flags;
+}
+
+/* The arena: a singly linked list of blocks, each one allocation. Config loading is rare
+ * (start, reload) and small, so simplicity beats packing. */
+typedef struct arena_block {
+    struct arena_block *next;
+    max_align_t data[];
+} arena_block;
+
+void *kvr_config_alloc(kvr_config *c, size_t size)
+{
+    arena_block *b = calloc(1, sizeof(*b) + (size ? size : 1));
+    if (!b)
+        abort();
+    b->next = c->arena;
+    c->arena = b;
+    return b->data;
+}
+
+char *kvr_config_strndup(kvr_config *c, const char *s, size_t n)
+{
+    char *d = kvr_config_alloc(c, n + 1);
+    memcpy(d, s, n);
+    d[n] = '\0';
+    return d;
+}
+
+void kvr_config_free(kvr_config *c)
+{
+    for (arena_block *b = c->arena, *n; b; b = n) {
+        n = b->next;
+        free(b);
+    }
+    c->arena = NULL;
+    c->workers = NULL;
+    c->nworkers = 0;
+    c->routes = NULL;
+    c->nroutes = 0;
+}
+
 void kvr_config_default(kvr_config *c)
 {
     memset(c, 0, sizeof(*c));
-    c->policy = "cache_aware";
+    c->route.policy = "cache_aware";
+    kvr_policy_cfg_default(&c->route.p);
+    c->discovery_interval_s = 30;
     c->host = "127.0.0.1";
     c->port = 8000;
     c->admin_host = "127.0.0.1";
@@ -98,42 +176,222 @@ void kvr_config_default(kvr_config *c)
     c->max_routing_text_bytes = 32u << 20;
     kvr_http_limits_default(&c->http);
     kvr_upstream_opts_default(&c->upstream);
-    kvr_policy_cfg_default(&c->policy_cfg);
 }
 
-/* --worker is repeatable: each one appends, up to KVR_MAX_WORKERS. */
+/* --worker is repeatable: each one appends a worker named by its URL. */
 static int set_worker(void *target, const kvr_flag *f, const char *v, char *err, size_t cap)
 {
     (void)f;
     kvr_config *c = target;
-    if (c->nworkers == KVR_MAX_WORKERS) {
-        snprintf(err, cap, "too many --worker (max %d)", KVR_MAX_WORKERS);
+    if (c->nworkers >= KVR_MAX_WORKERS) {
+        snprintf(err, cap, "too many workers (max %d)", KVR_MAX_WORKERS);
         return -1;
     }
-    c->workers[c->nworkers++] = v;
+    kvr_worker_spec *nw = kvr_config_alloc(c, (c->nworkers + 1) * sizeof(*nw));
+    if (c->nworkers)
+        memcpy(nw, c->workers, c->nworkers * sizeof(*nw));
+    nw[c->nworkers++] = (kvr_worker_spec){.url = v, .name = v, .weight = 1};
+    c->workers = nw;
     return 0;
 }
 
 static void show_worker(FILE *out, const void *target, const kvr_flag *f)
 {
     (void)target, (void)f;
-    fputs("required", out);
+    fputs("required without a config file", out);
 }
 
-#define NFLAGS (sizeof(flags) / sizeof(flags[0]))
-
-int kvr_config_parse(kvr_config *c, int argc, char **argv, char *err, size_t cap)
+/* "--config FILE" / "--config=FILE" anywhere in argv: the file is read before the flags. */
+static const char *find_config_arg(int argc, char **argv)
 {
-    int rc = kvr_flags_parse(flags, NFLAGS, c, argc, argv, err, cap);
-    if (rc == 1)
-        kvr_config_usage(stdout);
-    if (rc != 0)
-        return rc;
-    if (c->nworkers == 0) {
-        snprintf(err, cap, "at least one --worker URL is required (see --help)");
+    const char *path = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--config") == 0 && i + 1 < argc)
+            path = argv[++i];
+        else if (strncmp(argv[i], "--config=", 9) == 0)
+            path = argv[i] + 9;
+    }
+    return path;
+}
+
+/* Where a spec was written, for messages: "FILE:LINE:COL" or "command line". */
+static void where(const kvr_config *c, int line, int col, char *out, size_t cap)
+{
+    if (line > 0 && c->config_file)
+        snprintf(out, cap, "%s:%d:%d", c->config_file, line, col);
+    else
+        snprintf(out, cap, "command line");
+}
+
+/* An http:// URL with a host: the only scheme the upstream client serves to workers. */
+static int url_ok(const char *u)
+{
+    if (strncmp(u, "http://", 7) != 0)
+        return 0;
+    const char *h = u + 7;
+    size_t hl = strcspn(h, "/?#");
+    if (hl == 0 || h[0] == ':' || h[0] == '@')
+        return 0;
+    for (const char *p = u; *p; p++)
+        if ((unsigned char)*p <= 0x20 || *p == 0x7f)
+            return 0;
+    const char *colon = memchr(h, ':', hl);
+    if (colon && h[0] != '[') {
+        const char *pe = h + hl;
+        if (colon + 1 == pe)
+            return 0;
+        long port = 0;
+        for (const char *p = colon + 1; p < pe; p++) {
+            if (*p < '0' || *p > '9')
+                return 0;
+            port = port * 10 + (*p - '0');
+            if (port > 65535)
+                return 0;
+        }
+        if (port == 0)
+            return 0;
+    }
+    return 1;
+}
+
+static const kvr_worker_spec *find_worker(const kvr_config *c, const char *name)
+{
+    for (size_t i = 0; i < c->nworkers; i++)
+        if (strcmp(c->workers[i].name, name) == 0)
+            return &c->workers[i];
+    /* A worker named otherwise may still be referred to by its URL. */
+    for (size_t i = 0; i < c->nworkers; i++)
+        if (strcmp(c->workers[i].url, name) == 0)
+            return &c->workers[i];
+    return NULL;
+}
+
+/* Every route name and alias must be distinct across all routes. */
+static void check_names(const kvr_config *c, kvr_errlist *errs)
+{
+    char at[600];
+    for (size_t r = 0; r < c->nroutes; r++) {
+        const kvr_route_spec *rs = &c->routes[r];
+        for (size_t a = 0; a <= rs->naliases; a++) {
+            const char *nm = a == 0 ? rs->name : rs->aliases[a - 1];
+            int dup = 0;
+            for (size_t q = 0; q <= r && !dup; q++) {
+                const kvr_route_spec *o = &c->routes[q];
+                size_t lim = q == r ? a : o->naliases + 1;
+                for (size_t b = 0; b < lim && !dup; b++)
+                    dup = strcmp(nm, b == 0 ? o->name : o->aliases[b - 1]) == 0;
+            }
+            if (dup) {
+                where(c, rs->line, rs->col, at, sizeof(at));
+                kvr_errlist_add(errs, "%s: duplicate route name or alias '%s'", at, nm);
+            }
+        }
+    }
+}
+
+static void check_workers(const kvr_config *c, kvr_errlist *errs)
+{
+    char at[600];
+    for (size_t i = 0; i < c->nworkers; i++) {
+        const kvr_worker_spec *w = &c->workers[i];
+        where(c, w->line, w->col, at, sizeof(at));
+        if (!url_ok(w->url))
+            kvr_errlist_add(errs, "%s: worker URL '%s' is malformed (expected http://HOST[:PORT])",
+                            at, w->url);
+        for (size_t j = 0; j < i; j++) {
+            if (strcmp(c->workers[j].url, w->url) == 0)
+                kvr_errlist_add(errs, "%s: duplicate worker URL '%s'", at, w->url);
+            else if (strcmp(c->workers[j].name, w->name) == 0)
+                kvr_errlist_add(errs, "%s: duplicate worker name '%s'", at, w->name);
+        }
+    }
+}
+
+/* Applies each route's own settings over the defaults, and checks its targets. */
+static void resolve_routes(kvr_config *c, kvr_errlist *errs)
+{
+    char at[600], err[512];
+    for (size_t r = 0; r < c->nroutes; r++) {
+        kvr_route_spec *rs = &c->routes[r];
+        rs->cfg = c->route;
+        for (size_t s = 0; s < rs->nsettings; s++) {
+            const kvr_setting *st = &rs->settings[s];
+            char name[128];
+            snprintf(name, sizeof(name), "%s", st->key);
+            for (char *p = name; *p; p++)
+                if (*p == '_')
+                    *p = '-';
+            const kvr_flag *f = kvr_flags_find(route_flags, NROUTE_FLAGS, name);
+            where(c, st->line, st->col, at, sizeof(at));
+            if (!f)
+                kvr_errlist_add(errs, "%s: unknown route key '%s'", at, st->key);
+            else if (kvr_flags_set(f, &rs->cfg, st->value, err, sizeof(err)) < 0)
+                kvr_errlist_add(errs, "%s: %s", at, err);
+        }
+        where(c, rs->line, rs->col, at, sizeof(at));
+        if (!kvr_policy_find(rs->cfg.policy))
+            kvr_errlist_add(errs, "%s: route '%s': unknown policy '%s' (one of %s)", at, rs->name,
+                            rs->cfg.policy, kvr_policy_names());
+        if (rs->ntargets == 0)
+            kvr_errlist_add(errs, "%s: route '%s' has no targets", at, rs->name);
+        for (size_t t = 0; t < rs->ntargets; t++) {
+            const kvr_target_spec *ts = &rs->targets[t];
+            where(c, ts->line, ts->col, at, sizeof(at));
+            if (!find_worker(c, ts->worker))
+                kvr_errlist_add(errs, "%s: route '%s': target names unknown worker '%s'", at,
+                                rs->name, ts->worker);
+            for (size_t u = 0; u < t; u++)
+                if (find_worker(c, ts->worker) &&
+                    find_worker(c, rs->targets[u].worker) == find_worker(c, ts->worker))
+                    kvr_errlist_add(errs, "%s: route '%s': worker '%s' is a target twice", at,
+                                    rs->name, ts->worker);
+        }
+    }
+}
+
+int kvr_config_load(kvr_config *c, int argc, char **argv, kvr_errlist *errs)
+{
+    size_t before = errs->n;
+    char err[512];
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            kvr_config_usage(stdout);
+            return 1;
+        }
+    const char *path = find_config_arg(argc, argv);
+    if (path) {
+        c->config_file = path;
+        kvr_config_file_load(c, path, errs);
+    }
+    if (kvr_flags_parse(flags, NFLAGS, c, argc, argv, err, sizeof(err)) != 0) {
+        kvr_errlist_add(errs, "%s", err);
         return -1;
     }
-    return 0;
+    if (!kvr_policy_find(c->route.policy))
+        kvr_errlist_add(errs, "unknown policy '%s' (one of %s)", c->route.policy,
+                        kvr_policy_names());
+    if (c->nworkers == 0 && !path)
+        kvr_errlist_add(errs, "at least one --worker URL is required (see --help)");
+    if (c->nworkers > KVR_MAX_WORKERS)
+        kvr_errlist_add(errs, "too many workers (max %d)", KVR_MAX_WORKERS);
+    check_workers(c, errs);
+    check_names(c, errs);
+    resolve_routes(c, errs);
+    if (c->nroutes && c->model)
+        kvr_errlist_add(errs, "--model/model cannot be combined with routes in the file");
+    return errs->n > before ? -1 : 0;
+}
+
+void kvr_config_summary(const kvr_config *c, char *out, size_t cap)
+{
+    size_t targets = 0;
+    for (size_t r = 0; r < c->nroutes; r++)
+        targets += c->routes[r].ntargets;
+    const char *mode = c->nroutes ? "" : c->model ? " (one route over every worker)"
+                                                  : " (routes discovered from /v1/models)";
+    snprintf(out, cap, "ok: %s: %zu routes, %zu workers, %zu targets%s",
+             c->config_file ? c->config_file : "command line", c->nroutes, c->nworkers, targets,
+             mode);
 }
 
 void kvr_config_usage(void *file)
@@ -141,7 +399,9 @@ void kvr_config_usage(void *file)
     FILE *f = file;
     kvr_config d;
     kvr_config_default(&d);
-    fprintf(f, "usage: kvroute --worker URL [--worker URL ...] [flags]\n\n"
+    fprintf(f, "usage: kvroute --worker URL [--worker URL ...] [flags]\n"
+               "       kvroute --config FILE [flags]     (flags win over the file)\n"
+               "       kvroute --check --config FILE     (validate and exit)\n\n"
                "policies: %s\n\nflags (default in brackets):\n",
             kvr_policy_names());
     kvr_flags_usage(f, flags, NFLAGS, &d, 24);

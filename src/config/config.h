@@ -1,5 +1,7 @@
-/* kvroute's configuration: every flag, its default and its bounds, parsed from argv by one
- * declarative table (src/config/config.c). */
+/* kvroute's configuration: every flag, its default and its bounds (one declarative table in
+ * src/config/config.c), optionally a YAML file (src/config/file.c) read first, so that a flag
+ * given on the command line wins over the file. The result is one validated kvr_config: global
+ * settings, the workers and the routes (DESIGN §3a). */
 #ifndef KVR_CONFIG_CONFIG_H
 #define KVR_CONFIG_CONFIG_H
 #include <stddef.h>
@@ -8,20 +10,78 @@
 #include "http/server.h"
 #include "routing/policy.h"
 #include "upstream/upstream.h"
+#include "util/errlist.h"
+#include "util/flags.h"
 
 #define KVR_MAX_WORKERS 256
 
-/** Everything the daemon is configured with. Strings point into argv (not freed). */
+/** What a route is configured with besides its name and targets: its policy and the policy's
+ *  tunables. Per-route keys of the file (and the `defaults` section) use the flag names with
+ *  underscores: policy, cache_threshold, balance_abs_threshold, balance_rel_threshold,
+ *  session_ttl, max_sessions, block_bytes, max_index_blocks, worker_index_blocks. */
+typedef struct kvr_route_cfg {
+    const char *policy;   /**< policy name (kvr_policy_find), "cache_aware" by default */
+    kvr_policy_cfg p;     /**< its tunables */
+} kvr_route_cfg;
+
+/** One worker as configured. Strings are owned by the kvr_config (its arena). */
+typedef struct kvr_worker_spec {
+    const char *url;      /**< base URL exactly as written (the worker's identity) */
+    const char *name;     /**< its name; defaults to the URL */
+    double weight;        /**< > 0 (1) */
+    int line, col;        /**< 1-based position in the file; 0 from the command line */
+} kvr_worker_spec;
+
+/** A per-route setting as written in the file (key with underscores, scalar value), applied
+ *  over the route defaults once the command line is parsed. */
+typedef struct kvr_setting {
+    const char *key;      /**< e.g. "cache_threshold" */
+    const char *value;    /**< the scalar as written, e.g. "0.7" */
+    int line, col;        /**< position of the value (where its errors are reported) */
+} kvr_setting;
+
+/** One target of a route: a worker, the model name the worker knows, a weight. */
+typedef struct kvr_target_spec {
+    const char *worker;   /**< a worker's name (which defaults to its URL) */
+    const char *model;    /**< upstream model name; NULL = the route's name */
+    double weight;        /**< > 0; 0 = unset, the worker's weight */
+    int line, col;
+} kvr_target_spec;
+
+/** One route: what a client names in `model`. */
+typedef struct kvr_route_spec {
+    const char *name;          /**< public model name */
+    const char **aliases;      /**< other public names */
+    size_t naliases;
+    kvr_setting *settings;     /**< its own per-route keys, as written */
+    size_t nsettings;
+    kvr_route_cfg cfg;         /**< resolved: defaults (file, then flags) + its settings */
+    kvr_target_spec *targets;
+    size_t ntargets;
+    int line, col;
+} kvr_route_spec;
+
+/** Everything the daemon is configured with. Strings point into argv or into the config's
+ *  arena (owned; freed by kvr_config_free). */
 typedef struct kvr_config {
-    const char *workers[KVR_MAX_WORKERS]; /**< --worker URL (repeatable), as given */
+    const char *config_file;       /**< --config FILE (NULL = command line only) */
+    int check;                     /**< --check: validate, print a summary, exit */
+    const char *model;             /**< --model: one route of that name over every worker;
+                                        NULL (and no routes in the file) = discover */
+    uint64_t discovery_interval_s; /**< --discovery-interval: seconds between /v1/models
+                                        reads of every worker when discovering (30) */
+    kvr_route_cfg route;           /**< --policy and the per-route flags: defaults of every
+                                        route (the file's `defaults` section, flags win) */
+    kvr_worker_spec *workers;      /**< the file's workers, then each --worker */
     size_t nworkers;
-    const char *model;             /**< --model; NULL = discover from workers' /v1/models */
-    const char *policy;            /**< --policy (default cache_aware when available) */
-    const char *host;              /**< --host (127.0.0.1) */
-    int port;                      /**< --port (8000) */
-    const char *admin_host;        /**< --admin-host (127.0.0.1) */
-    int admin_port;                /**< --admin-port (0 = off) */
-    const char *admin_token_file;  /**< --admin-token-file (NULL = no auth) */
+    kvr_route_spec *routes;        /**< the file's routes (none from the command line) */
+    size_t nroutes;
+    const char *host;              /**< --host (127.0.0.1); file: listen.host */
+    int port;                      /**< --port (8000); file: listen.port */
+    const char *admin_host;        /**< --admin-host (127.0.0.1); file: admin.host */
+    int admin_port;                /**< --admin-port (0 = off); file: admin.port */
+    const char *admin_token_file;  /**< --admin-token-file (NULL = no auth); file:
+                                        admin.token_file */
     uint64_t drain_timeout_s;      /**< --drain-timeout, seconds (30) */
     uint64_t health_interval_ms;   /**< --health-interval-ms (2000; 0 = off) */
     const char *health_path;       /**< --health-path (/health, vLLM's) */
@@ -35,10 +95,6 @@ typedef struct kvr_config {
                                         --max-connections */
     kvr_upstream_opts upstream;    /**< --connect-timeout-ms, --first-byte-timeout-ms,
                                         --stream-idle-timeout-ms, --max-worker-connections */
-    kvr_policy_cfg policy_cfg;     /**< --cache-threshold, --balance-abs-threshold,
-                                        --balance-rel-threshold, --session-ttl, --max-sessions,
-                                        --block-bytes, --max-index-blocks,
-                                        --worker-index-blocks */
     size_t max_routing_text_bytes; /**< --max-routing-text-bytes: routing text kept per request
                                         (32 MiB); longer texts are cut, which keeps the prefix
                                         property */
@@ -46,14 +102,55 @@ typedef struct kvr_config {
                                         `header:NAME`/`body:PATH` list (DESIGN §5 default) */
     size_t max_usage_bytes;        /**< --max-usage-scan-bytes: JSON response bytes kept to read
                                         `usage` (1 MiB); larger bodies are relayed, not counted */
+    void *arena;                   /**< owned allocations (strings, arrays); kvr_config_free */
 } kvr_config;
 
-/** Fills the defaults. */
+/** Fills the defaults (no workers, no routes, empty arena). */
 void kvr_config_default(kvr_config *c);
-/** Parses argv (argv[0] skipped). Returns 0; 1 when --help/--version was printed (exit 0);
- *  -1 with a message in `err` (cap bytes) on a bad flag or value. */
-int kvr_config_parse(kvr_config *c, int argc, char **argv, char *err, size_t cap);
-/** Prints the flag reference (name, default, help) to `f`. */
+
+/** Builds the configuration: defaults, then the file named by --config (when given), then
+ *  every flag of argv (argv[0] skipped), then each route's own settings over the defaults.
+ *  Returns 0; 1 when --help was printed (exit 0); -1 with every problem in `errs`, one line
+ *  each (`FILE:LINE:COL: message` for the file's, "--flag ..." for the command line's). The
+ *  config must be freed with kvr_config_free() whatever the result. */
+int kvr_config_load(kvr_config *c, int argc, char **argv, kvr_errlist *errs);
+
+/** Frees what the config owns (its arena); strings from argv are not freed. */
+void kvr_config_free(kvr_config *c);
+
+/** One-line summary for --check: "ok: FILE: N routes, M workers, K targets" (or "command
+ *  line" for FILE). Written into `out` (cap bytes). */
+void kvr_config_summary(const kvr_config *c, char *out, size_t cap);
+
+/** Prints the flag reference (name, default, help) to `f` (a FILE *). */
 void kvr_config_usage(void *file);
+
+/** The global flag table (for the file loader: a top-level key k is the flag with k's '_'
+ *  written '-'), and the per-route table (offsets into kvr_route_cfg). */
+const kvr_flag *kvr_config_flags(size_t *n);
+const kvr_flag *kvr_config_route_flags(size_t *n);
+
+/** Arena helpers for the file loader: a copy of `s` (n bytes, NUL added) / zeroed `size`
+ *  bytes, owned by `c` and freed by kvr_config_free. Abort on out of memory (config load). */
+char *kvr_config_strndup(kvr_config *c, const char *s, size_t n);
+void *kvr_config_alloc(kvr_config *c, size_t size);
+
+/** Reads the YAML file `path` into `c` (src/config/file.c): top-level global keys through
+ *  the global flag table, `listen` {host, port}, `admin` {host, port, token_file}, `defaults`
+ *  (per-route keys, into c->route), `workers` (a list of {url, name, weight} maps or plain URL
+ *  strings, appended to c->workers with their positions) and `routes` (a list of {name or
+ *  model, aliases, targets, per-route keys}; targets are {worker, model, weight} maps or plain
+ *  worker names; per-route keys are checked against the route table's types and bounds and
+ *  kept as written in `settings`). Every other global flag but config, check and worker is a
+ *  top-level key too (the last one written wins over `listen`/`admin`/`defaults`). At most
+ *  KVR_MAX_WORKERS workers and targets per route. An entry missing its required key (url,
+ *  worker, name) is reported and not kept, so every kept string is non-NULL. A value reused
+ *  through a YAML anchor reports the anchor's position. `kvr_route_spec.cfg` is left for
+ *  kvr_config_load. Checks syntax, types, bounds and unknown keys only; the
+ *  cross-checks (duplicates, targets naming unknown workers, URLs) are kvr_config_load's, on
+ *  the positions kept here. Every problem is added to `errs` as `PATH:LINE:COL: message` (an
+ *  unknown key's did-you-mean on the same line); returns 0 when none was found, -1 otherwise
+ *  (including a file that cannot be read: `PATH:0:0: cannot read: REASON`). */
+int kvr_config_file_load(kvr_config *c, const char *path, kvr_errlist *errs);
 
 #endif

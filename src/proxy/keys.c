@@ -13,13 +13,13 @@ static const char *get_header(void *ctx, const char *name, size_t *len)
     return v;
 }
 
-int kvr_request_keys_build(kvr_app *app, const json_t *body, kvr_endpoint ep,
-                           kvr_http_req *r, kvr_request_keys *out)
+int kvr_request_keys_build(kvr_app *app, const kvr_route *route, const json_t *body,
+                           kvr_endpoint ep, kvr_http_req *r, kvr_request_keys *out)
 {
     memset(out, 0, sizeof(*out));
     kvr_buf_init(&out->session, 0);
     kvr_buf_init(&out->text, app->cfg.max_routing_text_bytes);
-    if (!app->policy_ops->uses_keys)
+    if (!route->ops->uses_keys)
         return 0;
     int rc = kvr_route_keys_build(body, (kvr_route_kind)ep, get_header, r,
                                   &app->session_sources, &out->text, &out->session);

@@ -6,7 +6,7 @@
 #include <jansson.h>
 
 #include "app/app.h"
-#include "proxy/proxy.h"
+#include "routing/keys.h"
 #include "util/buf.h"
 
 /** Request keys with their storage. Free with kvr_request_keys_free(). */
@@ -17,10 +17,10 @@ typedef struct kvr_request_keys {
 } kvr_request_keys;
 
 /** Builds the keys of `body` (a validated request for `ep`) with the headers of `r`. Keys are
- *  only built when the app's policy uses them (else both stay empty). Returns 0, or -1 when
+ *  only built when `route`'s policy uses them (else both stay empty). Returns 0, or -1 when
  *  memory ran out. */
-int kvr_request_keys_build(kvr_app *app, const json_t *body, kvr_endpoint ep,
-                           kvr_http_req *r, kvr_request_keys *out);
+int kvr_request_keys_build(kvr_app *app, const kvr_route *route, const json_t *body,
+                           kvr_endpoint ep, kvr_http_req *r, kvr_request_keys *out);
 /** Frees the buffers; `k` is then empty. */
 void kvr_request_keys_free(kvr_request_keys *rk);
 

@@ -9,14 +9,13 @@
 #include <string.h>
 #include <strings.h>
 
-#include "api/errors.h"
-#include "api/validate.h"
+#include "app/reply.h"
 #include "proxy/headers.h"
 #include "proxy/keys.h"
 #include "proxy/usage.h"
 #include "util/json_read.h"
-#include "workers/health.h"
 #include "util/log.h"
+#include "workers/health.h"
 #include "util/oai_error.h"
 #include "util/rand.h"
 #include "util/time.h"
@@ -32,10 +31,16 @@ typedef struct preq {
     kvr_http_req *req;
     kvr_upstream_attempt *att;
     kvr_worker *w;
+    kvr_route *route;     /* referenced for the request's life: a reload cuts nothing */
+    const kvr_route_target *target;
     kvr_pick pick;
     kvr_endpoint ep;
     kvr_request_keys keys; /* freed once taught (2xx headers) or at the end */
-    char *model;
+    char *model;          /* the route's public name: the `model` label */
+    char *client_model;   /* `model` as the client sent it */
+    char *pin;            /* previous_response_id (Responses API), NULL when none */
+    size_t pin_len;
+    kvr_buf body_rw;      /* the body with `model` rewritten for the current target */
     char request_id[72];
     char url[URL_CAP];
     char match[8];
@@ -80,7 +85,7 @@ static void count_decision(preq *p)
     if (p->counted)
         return;
     p->counted = 1;
-    const char *lv[] = {p->model, p->app->policy_ops->name, p->pick.decision};
+    const char *lv[] = {p->model, p->route->ops->name, p->pick.decision};
     kvr_metric_inc(p->app->m.decisions, lv, 1);
 }
 
@@ -105,7 +110,11 @@ static void preq_free(preq *p)
     kvr_buf_free(&p->held);
     kvr_request_keys_free(&p->keys);
     kvr_usage_free(&p->usage);
+    kvr_buf_free(&p->body_rw);
+    kvr_route_unref(p->route);
     free(p->model);
+    free(p->client_model);
+    free(p->pin);
     free(p);
 }
 
@@ -141,7 +150,7 @@ static void on_client_gone(void *ud)
     }
     const char *lv[] = {p->model, kvr_http_req_path(p->req)};
     kvr_metric_inc(p->app->m.client_aborts, lv, 1);
-    kvr_api_count(p->app, p->req, p->model, 499);
+    kvr_reply_count(p->app, p->req, p->model, 499);
     kvr_http_resp_abort(p->req);
     preq_free(p);
 }
@@ -212,8 +221,8 @@ static void on_headers(void *ud, int status, const kvr_http_header *h, size_t n)
     kvr_http_resp_start(p->req, status, out, k, clen);
     /* Teach when the 2xx headers arrive (DESIGN §10): a burst sharing a new prefix gains
      * affinity as soon as the first answer starts; failed attempts teach nothing. */
-    if (ok && p->app->policy_ops->teach)
-        p->app->policy_ops->teach(p->app->policy, p->w, &p->keys.k);
+    if (ok)
+        kvr_route_teach(p->route, p->w, &p->keys.k);
     kvr_request_keys_free(&p->keys);
 }
 
@@ -302,7 +311,7 @@ static void fail_before_headers(preq *p, kvr_upstream_err err, const char *msg)
         {"x-kvroute-decision", 18, p->pick.decision, strlen(p->pick.decision)},
         {"x-request-id", 12, p->request_id, strlen(p->request_id)},
     };
-    kvr_api_error(p->app, p->req, p->model, 502, text, NULL, "upstream_error", hs, 3);
+    kvr_reply_error(p->app, p->req, p->model, 502, text, NULL, "upstream_error", hs, 3);
     preq_free(p);
 }
 
@@ -312,7 +321,7 @@ static void fail_before_headers(preq *p, kvr_upstream_err err, const char *msg)
  * terminator, so the client sees a truncated response (docs/operations.md). Frees `p`. */
 static void end_after_headers(preq *p, int status, const char *text, const char *code)
 {
-    kvr_api_count(p->app, p->req, p->model, p->status);
+    kvr_reply_count(p->app, p->req, p->model, p->status);
     if (p->sse) {
         kvr_buf b;
         kvr_buf_init(&b, 0);
@@ -334,18 +343,9 @@ static int start_attempt(preq *p);
  * when there was none to try, -1 when starting one failed (the request is answered and freed). */
 static int retry_elsewhere(preq *p)
 {
-    kvr_app *app = p->app;
-    if (p->ntried >= MAX_ATTEMPTS)
-        return 0;
-    size_t ne = kvr_registry_eligible(app->reg, app->scratch), k = 0;
-    for (size_t i = 0; i < ne; i++) {
-        int seen = 0;
-        for (size_t t = 0; t < p->ntried; t++)
-            seen |= app->scratch[i]->id == p->tried[t];
-        if (!seen)
-            app->scratch[k++] = app->scratch[i];
-    }
-    if (k == 0 || app->policy_ops->pick(app->policy, app->scratch, k, &p->keys.k, &p->pick) < 0)
+    if (p->ntried >= MAX_ATTEMPTS ||
+        kvr_route_pick(p->route, p->tried, p->ntried, &p->keys.k, p->pin, p->pin_len, &p->pick,
+                       &p->target) < 0)
         return 0;
     return start_attempt(p) ? 1 : -1;
 }
@@ -364,7 +364,7 @@ static void on_done(void *ud, kvr_upstream_err err, const char *msg, int got_hea
         KVR_WARN("msg=\"worker unreachable\" worker=%s kind=%s detail=\"%s\" request_id=%s",
                  p->w->url, kvr_upstream_err_name(err), msg ? msg : "", p->request_id);
         if (app->cfg.health_interval_ms)
-            kvr_health_mark_down(app, p->w);
+            kvr_health_mark_down(&app->wctx, p->w);
         if (retry_elsewhere(p) != 0)
             return;
         count_decision(p);
@@ -376,10 +376,10 @@ static void on_done(void *ud, kvr_upstream_err err, const char *msg, int got_hea
         if (p->held.len)
             kvr_http_resp_write(p->req, p->held.data, p->held.len);
         count_usage(p);
-        if (p->usage.response_id && app->response_pins)
-            kvr_session_map_bind(app->response_pins, p->usage.response_id,
-                                 strlen(p->usage.response_id), p->w->id, kvr_now_ms());
-        kvr_api_count(app, p->req, p->model, p->status);
+        if (p->usage.response_id)
+            kvr_route_pin_response(p->route, p->usage.response_id,
+                                   strlen(p->usage.response_id), p->w);
+        kvr_reply_count(app, p->req, p->model, p->status);
         kvr_http_resp_end(p->req);
         preq_free(p);
         return;
@@ -418,90 +418,49 @@ static void build_forward_headers(preq *p)
         (kvr_http_header){"x-request-id", 12, p->request_id, strlen(p->request_id)};
 }
 
-int kvr_proxy_pick_pinned(kvr_app *app, const json_t *body, kvr_endpoint ep, kvr_pick *out)
+static void no_eligible(preq *p)
 {
-    size_t len, wid;
-    const char *id = ep == KVR_EP_RESPONSES ? kvr_route_previous_response_id(body, &len) : NULL;
-    if (!id || !app->response_pins ||
-        kvr_session_map_get(app->response_pins, id, len, kvr_now_ms(), &wid) != 1)
-        return 0;
-    kvr_worker *w = kvr_registry_at(app->reg, wid);
-    if (!w || !kvr_worker_eligible(w))
-        return 0;
-    out->worker = w;
-    out->decision = "session_id_match";
-    out->match = -1;
-    return 1;
+    char ra[24];
+    snprintf(ra, sizeof(ra), "%llu", (unsigned long long)p->app->cfg.retry_after_s);
+    kvr_http_header h[] = {{"Retry-After", 11, ra, strlen(ra)},
+                           {"x-request-id", 12, p->request_id, strlen(p->request_id)}};
+    kvr_reply_error(p->app, p->req, p->model, 503,
+                    "no eligible worker can serve this request now", NULL,
+                    "no_eligible_worker", h, 2);
+    preq_free(p);
 }
 
-void kvr_proxy_handle(kvr_app *app, kvr_http_req *r, kvr_endpoint ep)
+void kvr_proxy_forward(kvr_app *app, kvr_http_req *r, kvr_endpoint ep, kvr_route *route,
+                       const json_t *body)
 {
-    size_t blen;
-    const char *body = kvr_http_req_body(r, &blen);
-    json_error_t jerr;
-    json_t *j = kvr_json_read(body, blen, &jerr);
-    if (!j) {
-        char msg[300];
-        snprintf(msg, sizeof(msg), "invalid JSON body: %s (line %d, column %d)", jerr.text,
-                 jerr.line, jerr.column);
-        kvr_api_error(app, r, NULL, 400, msg, NULL, "invalid_json", NULL, 0);
-        return;
-    }
-    char msg[300];
-    const char *param = NULL;
-    if (kvr_api_validate(j, ep, msg, sizeof(msg), &param)) {
-        json_decref(j);
-        kvr_api_error(app, r, NULL, 400, msg, param, "invalid_value", NULL, 0);
-        return;
-    }
-    const char *model = json_string_value(json_object_get(j, "model"));
-    if (app->nmodels == 0) {
-        /* Discovery has not succeeded yet: a temporary state, not an unknown model. */
-        char ra[24];
-        snprintf(ra, sizeof(ra), "%llu", (unsigned long long)app->cfg.retry_after_s);
-        kvr_http_header h = {"Retry-After", 11, ra, strlen(ra)};
-        json_decref(j);
-        kvr_api_error(app, r, NULL, 503,
-                      "no model is known yet: no worker has answered /v1/models", NULL,
-                      "no_eligible_worker", &h, 1);
-        return;
-    }
-    if (!kvr_app_serves(app, model)) {
-        char m[300];
-        snprintf(m, sizeof(m), "The model '%.200s' does not exist or is not served here",
-                 model);
-        json_decref(j);
-        kvr_api_error(app, r, NULL, 404, m, "model", "model_not_found", NULL, 0);
-        return;
-    }
     preq *p = calloc(1, sizeof(*p));
-    if (!p || !(p->model = strdup(model)) ||
-        kvr_request_keys_build(app, j, ep, r, &p->keys) < 0) {
+    if (p) {
+        kvr_route_ref(route);
+        p->route = route;
+        kvr_buf_init(&p->body_rw, 0);
+        kvr_buf_init(&p->held, SSE_HOLD_CAP);
+    }
+    size_t pin_len = 0;
+    const char *pin = ep == KVR_EP_RESPONSES ? kvr_route_previous_response_id(body, &pin_len)
+                                              : NULL;
+    const char *model = json_string_value(json_object_get(body, "model"));
+    if (!p || !(p->model = strdup(route->name)) || !(p->client_model = strdup(model)) ||
+        (pin && !(p->pin = strndup(pin, pin_len))) ||
+        kvr_request_keys_build(app, route, body, ep, r, &p->keys) < 0) {
         if (p)
             preq_free(p);
-        json_decref(j);
-        kvr_api_error(app, r, NULL, 503, "out of memory", NULL, NULL, NULL, 0);
+        kvr_reply_error(app, r, NULL, 503, "out of memory", NULL, NULL, NULL, 0);
         return;
     }
+    p->pin_len = pin ? pin_len : 0;
     p->app = app;
     p->req = r;
     p->ep = ep;
     preq_link(p);
     set_request_id(p);
-
-    size_t ne = kvr_registry_eligible(app->reg, app->scratch);
-    int picked = ne > 0 && kvr_proxy_pick_pinned(app, j, ep, &p->pick);
-    json_decref(j);
-    if (!picked && ne > 0)
-        picked = app->policy_ops->pick(app->policy, app->scratch, ne, &p->keys.k, &p->pick) == 0;
-    if (!picked) {
-        char ra[24];
-        snprintf(ra, sizeof(ra), "%llu", (unsigned long long)app->cfg.retry_after_s);
-        kvr_http_header h[] = {{"Retry-After", 11, ra, strlen(ra)},
-                               {"x-request-id", 12, p->request_id, strlen(p->request_id)}};
-        kvr_api_error(app, r, p->model, 503, "no eligible worker can serve this request now",
-                      NULL, "no_eligible_worker", h, 2);
-        preq_free(p);
+    if (kvr_route_pick(route, NULL, 0, &p->keys.k, p->pin, p->pin_len, &p->pick, &p->target) <
+        0) {
+        no_eligible(p);
         return;
     }
     if (p->pick.match >= 0) {
@@ -509,10 +468,33 @@ void kvr_proxy_handle(kvr_app *app, kvr_http_req *r, kvr_endpoint ep)
         kvr_metric_observe(app->m.match_ratio, lv, p->pick.match);
     }
     build_forward_headers(p);
-    kvr_buf_init(&p->held, SSE_HOLD_CAP);
     kvr_http_req_cbs cbs = {on_drain, on_client_gone};
     kvr_http_req_set_cbs(r, &cbs, p);
     start_attempt(p);
+}
+
+/* The body for the current target: the client's bytes, or a copy whose `model` value names
+ * the target's upstream model (everything else byte-identical). */
+static const char *attempt_body(preq *p, size_t *len)
+{
+    const char *body = kvr_http_req_body(p->req, len);
+    if (strcmp(p->target->model, p->client_model) == 0)
+        return body;
+    size_t vlen;
+    long at = kvr_json_member_span(body, *len, "model", &vlen);
+    json_t *s = json_string(p->target->model);
+    char *enc = s ? json_dumps(s, JSON_ENCODE_ANY) : NULL;
+    json_decref(s);
+    kvr_buf_reset(&p->body_rw);
+    if (at < 0 || !enc || kvr_buf_append(&p->body_rw, body, (size_t)at) < 0 ||
+        kvr_buf_puts(&p->body_rw, enc) < 0 ||
+        kvr_buf_append(&p->body_rw, body + at + vlen, *len - (size_t)at - vlen) < 0) {
+        free(enc);
+        return NULL;
+    }
+    free(enc);
+    *len = p->body_rw.len;
+    return p->body_rw.data;
 }
 
 /* Starts an attempt on p->pick.worker. Returns 1 when started; otherwise the request has been
@@ -520,12 +502,13 @@ void kvr_proxy_handle(kvr_app *app, kvr_http_req *r, kvr_endpoint ep)
 static int start_attempt(preq *p)
 {
     size_t blen;
-    const char *body = kvr_http_req_body(p->req, &blen);
     p->w = p->pick.worker;
     p->tried[p->ntried++] = p->w->id;
-    if (kvr_worker_url(p->w, endpoint_path(p->ep), p->url, sizeof(p->url)) < 0) {
+    const char *body = attempt_body(p, &blen);
+    if (!body || kvr_worker_url(p->w, endpoint_path(p->ep), p->url, sizeof(p->url)) < 0) {
         count_decision(p);
-        kvr_api_error(p->app, p->req, p->model, 500, "worker URL too long", NULL, NULL, NULL, 0);
+        kvr_reply_error(p->app, p->req, p->model, 500,
+                        body ? "worker URL too long" : "out of memory", NULL, NULL, NULL, 0);
         preq_free(p);
         return 0;
     }
@@ -536,7 +519,7 @@ static int start_attempt(preq *p)
         kvr_worker_release(p->w);
         count_error(p, KVR_UP_OTHER);
         count_decision(p);
-        kvr_api_error(p->app, p->req, p->model, 502, "could not start the upstream request",
+        kvr_reply_error(p->app, p->req, p->model, 502, "could not start the upstream request",
                       NULL, "upstream_error", NULL, 0);
         preq_free(p);
         return 0;
@@ -558,7 +541,7 @@ size_t kvr_proxy_shutdown(kvr_app *app)
         }
         count_decision(p);
         if (!p->status) {
-            kvr_api_error(app, p->req, p->model, 503, why, NULL, "shutting_down", NULL, 0);
+            kvr_reply_error(app, p->req, p->model, 503, why, NULL, "shutting_down", NULL, 0);
             preq_free(p);
         } else {
             end_after_headers(p, 503, why, "shutting_down");

@@ -51,13 +51,18 @@
 
 #include "util/buf.h"
 
-/** Which OpenAI endpoint the body is for. Values equal proxy.h's kvr_endpoint (KVR_EP_CHAT,
- *  KVR_EP_COMPLETIONS, KVR_EP_RESPONSES), so a cast converts. */
-typedef enum kvr_route_kind {
-    KVR_ROUTE_CHAT = 0,         /**< POST /v1/chat/completions */
-    KVR_ROUTE_COMPLETIONS = 1,  /**< POST /v1/completions */
-    KVR_ROUTE_RESPONSES = 2,    /**< POST /v1/responses */
-} kvr_route_kind;
+/** The OpenAI endpoints kvroute routes (defined here once; api dispatches on it, proxy
+ *  forwards to its path, routing keys read its body). */
+typedef enum kvr_endpoint {
+    KVR_EP_CHAT = 0,         /**< POST /v1/chat/completions */
+    KVR_EP_COMPLETIONS = 1,  /**< POST /v1/completions */
+    KVR_EP_RESPONSES = 2,    /**< POST /v1/responses */
+} kvr_endpoint;
+/** The routing-key functions' name for the same enum. */
+typedef kvr_endpoint kvr_route_kind;
+#define KVR_ROUTE_CHAT KVR_EP_CHAT
+#define KVR_ROUTE_COMPLETIONS KVR_EP_COMPLETIONS
+#define KVR_ROUTE_RESPONSES KVR_EP_RESPONSES
 
 /** Session keys longer than this many bytes are replaced by the 32-hex-digit XXH3-128 digest
  *  of their bytes (DESIGN §10: never rejected). */

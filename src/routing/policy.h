@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "index/session_map.h"
 #include "workers/worker.h"
 
 /** A request's routing keys (DESIGN §5). Both ranges are borrowed for the call. */
@@ -39,6 +40,36 @@ void kvr_policy_cfg_default(kvr_policy_cfg *c);
 
 typedef struct kvr_policy kvr_policy;
 
+/** Counters of one policy instance (one route), for kvroute_index_blocks{model},
+ *  kvroute_index_evictions_total{model}, kvroute_sessions{model} and
+ *  kvroute_session_evictions_total{model,reason} (reason: kvr_session_evict_reason_name()).
+ *  Zero for policies that learn nothing. */
+typedef struct kvr_policy_stats {
+    size_t index_blocks;                                      /**< distinct block keys */
+    uint64_t index_evictions;                                 /**< holdings evicted by caps */
+    size_t sessions;                                          /**< live session entries */
+    uint64_t session_evictions[KVR_SESSION_EVICT_NREASONS];   /**< by reason */
+    size_t memory_bytes;                                      /**< index + session map */
+} kvr_policy_stats;
+
+/** What one instance learned about one worker, for GET /workers and /routes. */
+typedef struct kvr_policy_worker_stats {
+    size_t index_blocks;       /**< blocks the worker is recorded as holding */
+    size_t index_capacity;     /**< its cap on them */
+    size_t sessions;           /**< sessions bound to it */
+} kvr_policy_worker_stats;
+
+/** How a policy sees one eligible worker, for POST /debug/route. */
+typedef struct kvr_explain_row {
+    kvr_worker *worker;        /**< the eligible worker (borrowed) */
+    size_t matched_bytes;      /**< leading routing-text bytes it is recorded as holding */
+    double match;              /**< matched_bytes / text bytes; -1 without routing text or
+                                    when the policy does not match prefixes */
+    int64_t inflight;          /**< its load at decision time */
+    int overloaded;            /**< 1 when the overload gate refuses it */
+    int session_owner;         /**< 1 when the request's session key is bound to it */
+} kvr_explain_row;
+
 /** Operations of a policy. Only `name`, `create`, `pick` and `destroy` are mandatory. */
 typedef struct kvr_policy_ops {
     const char *name;
@@ -55,6 +86,23 @@ typedef struct kvr_policy_ops {
     void (*destroy)(void *self);
     /** 1 when pick() reads the routing keys; 0 lets the proxy skip building them. */
     int uses_keys;
+    /** Optional. Runs the decision exactly as pick() does (learning nothing) and fills one
+     *  row per eligible worker (`rows`, n entries, caller-allocated) and `out`. Returns 0, or
+     *  -1 when n is 0 or memory ran out. Without it the route fills rows with loads only. */
+    int (*explain)(void *self, kvr_worker *const *eligible, size_t n, const kvr_route_keys *k,
+                   kvr_explain_row *rows, kvr_pick *out);
+    /** Optional: counters of the instance (zeros when absent). */
+    void (*stats)(void *self, kvr_policy_stats *out);
+    /** Optional: what the instance holds for registry id `worker_id` (zeros when absent). */
+    void (*worker_stats)(void *self, size_t worker_id, kvr_policy_worker_stats *out);
+    /** Optional: drops up to `max` expired entries; returns how many (periodic timer). */
+    size_t (*sweep)(void *self, size_t max);
+    /** Optional: applies new tunables in place, keeping what was learned. Returns 0, or -1
+     *  when they change its structure (e.g. block_bytes): the route then starts afresh.
+     *  Absent: the instance keeps its tunables when its route is reloaded unchanged in kind
+     *  (policies whose tunables it reads only at create time list no retune, and a reload
+     *  with other tunables makes a fresh instance). */
+    int (*retune)(void *self, const kvr_policy_cfg *cfg);
 } kvr_policy_ops;
 
 /** Looks a policy up by name ("round_robin", "random", "least_load", "power_of_two",

@@ -254,6 +254,22 @@ void kvr_cache_aware_worker_stats_get(void *self, size_t worker_id,
     out->sessions = kvr_session_map_worker_count(s->sessions, worker_id);
 }
 
+/* Thresholds and the session TTL change in place; the index's block size and caps shape its
+ * tables, so a change there starts the route afresh. */
+static int ca_retune(void *self, const kvr_policy_cfg *cfg)
+{
+    ca_state *s = self;
+    if ((cfg->block_bytes ? cfg->block_bytes : 64) != s->cfg.block_bytes ||
+        cfg->max_index_blocks != s->cfg.max_index_blocks ||
+        cfg->worker_index_blocks != s->cfg.worker_index_blocks ||
+        cfg->session_ttl_s != s->cfg.session_ttl_s || cfg->max_sessions != s->cfg.max_sessions)
+        return -1;
+    s->cfg.cache_threshold = cfg->cache_threshold;
+    s->cfg.balance_abs_threshold = cfg->balance_abs_threshold;
+    s->cfg.balance_rel_threshold = cfg->balance_rel_threshold;
+    return 0;
+}
+
 const kvr_policy_ops kvr_policy_cache_aware = {
     .name = "cache_aware",
     .create = ca_create,
@@ -262,4 +278,9 @@ const kvr_policy_ops kvr_policy_cache_aware = {
     .forget_worker = ca_forget,
     .destroy = ca_destroy,
     .uses_keys = 1,
+    .explain = kvr_cache_aware_explain,
+    .stats = kvr_cache_aware_stats_get,
+    .worker_stats = kvr_cache_aware_worker_stats_get,
+    .sweep = kvr_cache_aware_sweep,
+    .retune = ca_retune,
 };

@@ -26,41 +26,19 @@
 #include "index/session_map.h"
 #include "routing/policy.h"
 
-/** Counters of one instance (one model), for:
- *  kvroute_index_blocks{model} (gauge), kvroute_index_evictions_total{model},
- *  kvroute_sessions{model} (gauge), kvroute_session_evictions_total{model,reason}
- *  (reason label: kvr_session_evict_reason_name()). */
-typedef struct kvr_cache_aware_stats {
-    size_t index_blocks;                                      /**< distinct block keys */
-    uint64_t index_evictions;                                 /**< holdings evicted by caps */
-    size_t sessions;                                          /**< live session entries */
-    uint64_t session_evictions[KVR_SESSION_EVICT_NREASONS];   /**< by reason */
-    size_t memory_bytes;                                      /**< index + session map */
-} kvr_cache_aware_stats;
-
+/** Counters of one instance (the ops table's `stats`). */
+typedef kvr_policy_stats kvr_cache_aware_stats;
 /** Fills `out` for instance `self`. */
 void kvr_cache_aware_stats_get(void *self, kvr_cache_aware_stats *out);
 
-/** Per-worker figures for GET /workers. */
-typedef struct kvr_cache_aware_worker_stats {
-    size_t index_blocks;       /**< blocks the worker is recorded as holding */
-    size_t index_capacity;     /**< its cap on them */
-    size_t sessions;           /**< sessions bound to it */
-} kvr_cache_aware_worker_stats;
-
+/** Per-worker figures (the ops table's `worker_stats`). */
+typedef kvr_policy_worker_stats kvr_cache_aware_worker_stats;
 /** Fills `out` for registry id `worker_id` (zeros and the default cap when unknown). */
 void kvr_cache_aware_worker_stats_get(void *self, size_t worker_id,
                                       kvr_cache_aware_worker_stats *out);
 
-/** One row of POST /debug/route's answer: how the policy sees an eligible worker. */
-typedef struct kvr_cache_aware_explain_row {
-    kvr_worker *worker;        /**< the eligible worker (borrowed) */
-    size_t matched_bytes;      /**< leading routing-text bytes it is recorded as holding */
-    double match;              /**< matched_bytes / text bytes; -1 without routing text */
-    int64_t inflight;          /**< its load at decision time */
-    int overloaded;            /**< 1 when the overload gate refuses it */
-    int session_owner;         /**< 1 when the request's session key is bound to it */
-} kvr_cache_aware_explain_row;
+/** One row of POST /debug/route's answer (the ops table's `explain`). */
+typedef kvr_explain_row kvr_cache_aware_explain_row;
 
 /** Runs the decision exactly as pick() does (learning nothing) and describes it: `rows` gets
  *  one entry per eligible worker, in the order of `eligible` (`n` rows, caller-allocated);

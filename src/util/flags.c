@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 static const kvr_flag *find(const kvr_flag *t, size_t n, const char *name, size_t len)
 {
@@ -69,8 +70,24 @@ static int set_number(void *target, const kvr_flag *f, const char *v, char *err,
     return 0;
 }
 
+static int set_bool(void *target, const kvr_flag *f, const char *v, char *err, size_t cap)
+{
+    static const char *const yes[] = {"true", "1", "yes", "on"}, *const no[] = {"false", "0", "no",
+                                                                                 "off"};
+    for (size_t i = 0; i < 4; i++) {
+        if (strcasecmp(v, yes[i]) == 0 || strcasecmp(v, no[i]) == 0) {
+            *(int *)((char *)target + f->off) = strcasecmp(v, yes[i]) == 0;
+            return 0;
+        }
+    }
+    snprintf(err, cap, "--%s: bad value '%s' (expected true or false)", f->name, v);
+    return -1;
+}
+
 static int set_value(void *target, const kvr_flag *f, const char *v, char *err, size_t cap)
 {
+    if (f->type == KVR_FLAG_BOOL)
+        return set_bool(target, f, v, err, cap);
     if (f->type == KVR_FLAG_STR) {
         *(const char **)((char *)target + f->off) = v;
         return 0;
@@ -104,6 +121,10 @@ int kvr_flags_parse(const kvr_flag *table, size_t n, void *target, int argc, cha
             snprintf(err, cap, "unknown flag '%s' (see --help)", a);
             return -1;
         }
+        if (f->type == KVR_FLAG_BOOL && !eq) {
+            *(int *)((char *)target + f->off) = 1;
+            continue;
+        }
         const char *v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
         if (!v) {
             snprintf(err, cap, "--%s needs a value", f->name);
@@ -115,12 +136,25 @@ int kvr_flags_parse(const kvr_flag *table, size_t n, void *target, int argc, cha
     return 0;
 }
 
+const kvr_flag *kvr_flags_find(const kvr_flag *table, size_t n, const char *name)
+{
+    return find(table, n, name, strlen(name));
+}
+
+int kvr_flags_set(const kvr_flag *f, void *target, const char *value, char *err, size_t cap)
+{
+    return set_value(target, f, value, err, cap);
+}
+
 static int print_default(FILE *out, const void *d, const kvr_flag *f)
 {
     const char *p = (const char *)d + f->off;
     switch (f->type) {
     case KVR_FLAG_STR:
         fprintf(out, "%s", *(const char *const *)p ? *(const char *const *)p : "unset");
+        break;
+    case KVR_FLAG_BOOL:
+        fputs(*(const int *)p ? "true" : "false", out);
         break;
     case KVR_FLAG_INT:
         fprintf(out, "%d", *(const int *)p);

@@ -18,6 +18,8 @@ typedef enum {
     KVR_FLAG_SIZE,   /**< size_t */
     KVR_FLAG_DOUBLE, /**< double */
     KVR_FLAG_CUSTOM, /**< the row's `set` callback parses the value (enums, repeatable flags) */
+    KVR_FLAG_BOOL,   /**< int, 0 or 1: `--name` alone sets 1; a value (`--name=false`, or from a
+                          config file) must be true/false/1/0/yes/no/on/off */
 } kvr_flag_type;
 
 typedef struct kvr_flag kvr_flag;
@@ -50,6 +52,15 @@ struct kvr_flag {
  *  (no program name, no newline) in `err` (cap bytes). `target` may be partly updated on -1. */
 int kvr_flags_parse(const kvr_flag *table, size_t n, void *target, int argc, char **argv,
                     char *err, size_t cap);
+
+/** The row named `name` (without "--"), or NULL. The last row wins on a duplicate. */
+const kvr_flag *kvr_flags_find(const kvr_flag *table, size_t n, const char *name);
+
+/** Parses `value` for row `f` into `target`, exactly as the command line would (bounds, types,
+ *  custom setters). STR values are stored as the pointer given (the caller keeps `value` alive
+ *  as long as `target` uses it). Returns 0, or -1 with a message ("--NAME: bad value ...") in
+ *  `err` (cap bytes). */
+int kvr_flags_set(const kvr_flag *f, void *target, const char *value, char *err, size_t cap);
 
 /** Prints one line per row to `out`: "  --NAME  HELP [DEFAULT]", the name left-aligned in
  *  `width` columns. DEFAULT is read from `defaults` (a default-initialised target struct;

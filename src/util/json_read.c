@@ -517,3 +517,69 @@ json_t *kvr_json_read(const char *buf, size_t len, json_error_t *err)
     }
     return v;
 }
+
+/* Skips one JSON value of a valid document starting at i (whitespace already skipped);
+ * returns the index just past it. */
+static size_t skip_value(const char *b, size_t len, size_t i)
+{
+    if (b[i] == '"') {
+        for (i++; i < len && b[i] != '"'; i++)
+            if (b[i] == '\\')
+                i++;
+        return i + 1;
+    }
+    if (b[i] == '{' || b[i] == '[') {
+        int depth = 0;
+        for (; i < len; i++) {
+            char c = b[i];
+            if (c == '"') {
+                i = skip_value(b, len, i) - 1;
+            } else if (c == '{' || c == '[') {
+                depth++;
+            } else if (c == '}' || c == ']') {
+                if (--depth == 0)
+                    return i + 1;
+            }
+        }
+        return len;
+    }
+    while (i < len && b[i] != ',' && b[i] != '}' && b[i] != ']' && b[i] != ' ' &&
+           b[i] != '\t' && b[i] != '\n' && b[i] != '\r')
+        i++;
+    return i;
+}
+
+static size_t skip_ws(const char *b, size_t len, size_t i)
+{
+    while (i < len && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r'))
+        i++;
+    return i;
+}
+
+long kvr_json_member_span(const char *buf, size_t len, const char *key, size_t *vlen)
+{
+    size_t klen = strlen(key), i = skip_ws(buf, len, 0);
+    long found = -1;
+    if (i >= len || buf[i] != '{')
+        return -1;
+    i++;
+    while (1) {
+        i = skip_ws(buf, len, i);
+        if (i >= len || buf[i] != '"')
+            return found;
+        size_t ks = i + 1, ke = skip_value(buf, len, i) - 1;
+        i = skip_ws(buf, len, ke + 1);
+        if (i >= len || buf[i] != ':')
+            return found;
+        i = skip_ws(buf, len, i + 1);
+        size_t ve = skip_value(buf, len, i);
+        if (ke - ks == klen && memcmp(buf + ks, key, klen) == 0) {
+            found = (long)i;
+            *vlen = ve - i;
+        }
+        i = skip_ws(buf, len, ve);
+        if (i >= len || buf[i] != ',')
+            return found;
+        i++;
+    }
+}

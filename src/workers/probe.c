@@ -6,7 +6,7 @@
 #include "workers/fetch.h"
 
 typedef struct probe {
-    kvr_app *app;
+    kvr_workers_ctx *ctx;
     size_t worker_id;
     kvr_probe_cb cb;
 } probe;
@@ -16,11 +16,11 @@ static void on_fetched(void *ud, int status, const char *body, size_t len, int t
 {
     (void)truncated;
     probe *pr = ud;
-    pr->cb(pr->app, kvr_registry_at(pr->app->reg, pr->worker_id), status, body, len, err);
+    pr->cb(pr->ctx, kvr_registry_get(pr->ctx->reg, pr->worker_id), status, body, len, err);
     free(pr);
 }
 
-int kvr_probe_worker(kvr_app *app, kvr_worker *w, const char *path, size_t max_bytes,
+int kvr_probe_worker(kvr_workers_ctx *ctx, kvr_worker *w, const char *path, size_t max_bytes,
                      uint64_t timeout_ms, kvr_probe_cb cb)
 {
     char url[2048];
@@ -29,8 +29,8 @@ int kvr_probe_worker(kvr_app *app, kvr_worker *w, const char *path, size_t max_b
         free(pr);
         return -1;
     }
-    *pr = (probe){app, w->id, cb};
-    if (kvr_fetch(app->loop, app->up, url, max_bytes, timeout_ms, on_fetched, pr) < 0) {
+    *pr = (probe){ctx, w->id, cb};
+    if (kvr_fetch(ctx->loop, ctx->up, url, max_bytes, timeout_ms, on_fetched, pr) < 0) {
         free(pr);
         return -1;
     }

@@ -7,8 +7,9 @@
 #include <string.h>
 
 struct kvr_registry {
-    kvr_worker **w;
+    kvr_worker **w;       /* registered, in registration order */
     size_t n, cap;
+    size_t next_id;
 };
 
 kvr_registry *kvr_registry_new(void)
@@ -19,25 +20,48 @@ kvr_registry *kvr_registry_new(void)
     return r;
 }
 
+static void free_models(kvr_worker *w)
+{
+    for (size_t i = 0; i < w->nmodels; i++)
+        free(w->models[i]);
+    free(w->models);
+    w->models = NULL;
+    w->nmodels = 0;
+}
+
+void kvr_worker_ref(kvr_worker *w)
+{
+    w->refs++;
+}
+
+void kvr_worker_unref(kvr_worker *w)
+{
+    if (!w || --w->refs > 0)
+        return;
+    free_models(w);
+    free(w->url);
+    free(w->name);
+    free(w);
+}
+
 void kvr_registry_free(kvr_registry *r)
 {
     if (!r)
         return;
-    for (size_t i = 0; i < r->n; i++) {
-        free(r->w[i]->url);
-        free(r->w[i]);
-    }
+    for (size_t i = 0; i < r->n; i++)
+        kvr_worker_unref(r->w[i]);
     free(r->w);
     free(r);
 }
 
-kvr_worker *kvr_registry_add(kvr_registry *r, const char *url)
+kvr_worker *kvr_registry_add(kvr_registry *r, const char *url, const char *name, double weight)
 {
     if (strncmp(url, "http://", 7) != 0 || strlen(url) <= 7)
         return NULL;
-    for (size_t i = 0; i < r->n; i++)
-        if (strcmp(r->w[i]->url, url) == 0)
-            return NULL;
+    if (!name)
+        name = url;
+    if (kvr_registry_find_url(r, url) || kvr_registry_find_name(r, name))
+        return NULL;
     if (r->n == r->cap) {
         size_t nc = r->cap ? r->cap * 2 : 8;
         kvr_worker **nw = realloc(r->w, nc * sizeof(*nw));
@@ -47,14 +71,29 @@ kvr_worker *kvr_registry_add(kvr_registry *r, const char *url)
         r->cap = nc;
     }
     kvr_worker *w = calloc(1, sizeof(*w));
-    if (!w || !(w->url = strdup(url)))
+    if (!w || !(w->url = strdup(url)) || !(w->name = strdup(name)))
         abort();
-    w->id = r->n;
+    w->id = r->next_id++;
+    w->refs = 1;
+    w->weight = weight > 0 ? weight : 1;
     w->healthy = 1;
     w->queue = w->running = w->kv_usage = -1;
     w->kv_tokens = -1;
     r->w[r->n++] = w;
     return w;
+}
+
+void kvr_registry_remove(kvr_registry *r, kvr_worker *w)
+{
+    for (size_t i = 0; i < r->n; i++) {
+        if (r->w[i] != w)
+            continue;
+        memmove(&r->w[i], &r->w[i + 1], (r->n - i - 1) * sizeof(*r->w));
+        r->n--;
+        w->removed = 1;
+        kvr_worker_unref(w);
+        return;
+    }
 }
 
 size_t kvr_registry_count(const kvr_registry *r)
@@ -67,6 +106,32 @@ kvr_worker *kvr_registry_at(const kvr_registry *r, size_t i)
     return i < r->n ? r->w[i] : NULL;
 }
 
+/* Linear: fleets are tens of workers and these lookups are off the per-request path (probes,
+ * admin, reload) or bounded by the fleet size (pins). */
+kvr_worker *kvr_registry_get(const kvr_registry *r, size_t id)
+{
+    for (size_t i = 0; i < r->n; i++)
+        if (r->w[i]->id == id)
+            return r->w[i];
+    return NULL;
+}
+
+kvr_worker *kvr_registry_find_url(const kvr_registry *r, const char *url)
+{
+    for (size_t i = 0; i < r->n; i++)
+        if (strcmp(r->w[i]->url, url) == 0)
+            return r->w[i];
+    return NULL;
+}
+
+kvr_worker *kvr_registry_find_name(const kvr_registry *r, const char *name)
+{
+    for (size_t i = 0; i < r->n; i++)
+        if (strcmp(r->w[i]->name, name) == 0)
+            return r->w[i];
+    return NULL;
+}
+
 size_t kvr_registry_eligible(const kvr_registry *r, kvr_worker **out)
 {
     size_t k = 0;
@@ -74,6 +139,37 @@ size_t kvr_registry_eligible(const kvr_registry *r, kvr_worker **out)
         if (kvr_worker_eligible(r->w[i]))
             out[k++] = r->w[i];
     return k;
+}
+
+int kvr_worker_set_models(kvr_worker *w, const char *const *ids, size_t n)
+{
+    int same = w->models && n == w->nmodels;
+    for (size_t i = 0; same && i < n; i++)
+        same = strcmp(w->models[i], ids[i]) == 0;
+    if (same)
+        return 0;
+    char **m = calloc(n ? n : 1, sizeof(*m));
+    if (!m)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!(m[i] = strdup(ids[i]))) {
+            for (size_t j = 0; j < i; j++)
+                free(m[j]);
+            free(m);
+            return 0;
+        }
+    free_models(w);
+    w->models = m;
+    w->nmodels = n;
+    return 1;
+}
+
+int kvr_worker_lists(const kvr_worker *w, const char *model)
+{
+    for (size_t i = 0; i < w->nmodels; i++)
+        if (strcmp(w->models[i], model) == 0)
+            return 1;
+    return 0;
 }
 
 void kvr_worker_acquire(kvr_worker *w)

@@ -1,4 +1,7 @@
-/* The worker registry: the fleet as configured, with in-flight accounting (DESIGN §4 step 6). */
+/* The worker registry: the fleet as configured, with in-flight accounting (DESIGN §4 step 6).
+ * Workers are found by position (iteration), by id (stable for the process's life), by URL
+ * and by name. A reload removes workers with kvr_registry_remove(): they leave the registry at
+ * once but live while a route still references them (kvr_worker_ref). */
 #ifndef KVR_WORKERS_REGISTRY_H
 #define KVR_WORKERS_REGISTRY_H
 #include <stddef.h>
@@ -9,18 +12,36 @@ typedef struct kvr_registry kvr_registry;
 
 /** Creates an empty registry. Never returns NULL (aborts on OOM at boot). */
 kvr_registry *kvr_registry_new(void);
-/** Frees the registry and its workers. */
+/** Drops the registry's references to its workers (each is freed when no route holds it) and
+ *  frees the registry. */
 void kvr_registry_free(kvr_registry *r);
 /** Adds a worker by base URL (copied; a trailing '/' is kept out of the URLs built from it but
- *  the label stays as given). Returns the worker, or NULL if the URL is already registered or
- *  is not an http:// URL. */
-kvr_worker *kvr_registry_add(kvr_registry *r, const char *url);
+ *  the label stays as given), named `name` (copied; NULL = the URL), weight `weight` (<= 0 →
+ *  1). Returns the worker (one reference, the registry's), or NULL if the URL or the name is
+ *  already registered or the URL is not an http:// URL. */
+kvr_worker *kvr_registry_add(kvr_registry *r, const char *url, const char *name, double weight);
+/** Removes `w`: marked removed (never eligible again), no longer found, its registry reference
+ *  dropped. */
+void kvr_registry_remove(kvr_registry *r, kvr_worker *w);
 /** Number of registered workers, and worker i (0-based, registration order). */
 size_t kvr_registry_count(const kvr_registry *r);
 kvr_worker *kvr_registry_at(const kvr_registry *r, size_t i);
+/** The registered worker with this id, URL or name (exact), or NULL. */
+kvr_worker *kvr_registry_get(const kvr_registry *r, size_t id);
+kvr_worker *kvr_registry_find_url(const kvr_registry *r, const char *url);
+kvr_worker *kvr_registry_find_name(const kvr_registry *r, const char *name);
 /** Fills `out` (room for kvr_registry_count() pointers) with the eligible workers, in
  *  registration order; returns how many. */
 size_t kvr_registry_eligible(const kvr_registry *r, kvr_worker **out);
+
+/** Reference counting of a worker; the last unref frees it. */
+void kvr_worker_ref(kvr_worker *w);
+void kvr_worker_unref(kvr_worker *w);
+/** Replaces the model list learned from its /v1/models (ids copied). Returns 1 when the list
+ *  changed (as a set, in order), 0 when it is the same. */
+int kvr_worker_set_models(kvr_worker *w, const char *const *ids, size_t n);
+/** 1 when `w` listed `model` in its last /v1/models answer. */
+int kvr_worker_lists(const kvr_worker *w, const char *model);
 
 /** Takes one in-flight unit on `w` when an upstream attempt starts. */
 void kvr_worker_acquire(kvr_worker *w);

@@ -5,12 +5,12 @@
 #include <string.h>
 
 #include "util/log.h"
+#include "workers/periodic.h"
 #include "workers/probe.h"
 
 #define BODY_CAP (4 * 1024 * 1024)
 
-static uv_timer_t g_timer;
-static int g_running;
+static kvr_periodic g_timer;
 
 static void add(double *slot, double v)
 {
@@ -49,7 +49,7 @@ void kvr_scrape_parse(const char *text, size_t len, kvr_scrape_result *out)
     kvr_prom_parse(text, len, on_sample, out);
 }
 
-static void on_metrics(kvr_app *app, kvr_worker *w, int status, const char *body, size_t len,
+static void on_metrics(kvr_workers_ctx *ctx, kvr_worker *w, int status, const char *body, size_t len,
                        kvr_upstream_err err)
 {
     (void)err;
@@ -62,9 +62,9 @@ static void on_metrics(kvr_app *app, kvr_worker *w, int status, const char *body
     w->kv_usage = r.kv_usage;
     const char *lv[] = {w->url};
     if (r.waiting >= 0)
-        kvr_metric_set(app->m.queue, lv, r.waiting);
+        kvr_metric_set(ctx->queue, lv, r.waiting);
     if (r.kv_usage >= 0)
-        kvr_metric_set(app->m.kv_usage, lv, r.kv_usage);
+        kvr_metric_set(ctx->kv_usage, lv, r.kv_usage);
     int64_t tokens = r.kv_tokens >= 0 ? (int64_t)r.kv_tokens : -1;
     if (tokens != w->kv_tokens) {
         w->kv_tokens = tokens;
@@ -75,30 +75,22 @@ static void on_metrics(kvr_app *app, kvr_worker *w, int status, const char *body
 
 static void round_cb(uv_timer_t *t)
 {
-    kvr_app *app = t->data;
+    kvr_workers_ctx *ctx = t->data;
     /* A scrape must end before the next one starts. */
-    uint64_t timeout = app->cfg.scrape_interval_s * 1000;
-    for (size_t i = 0; i < kvr_registry_count(app->reg); i++)
-        kvr_probe_worker(app, kvr_registry_at(app->reg, i), "/metrics", BODY_CAP, timeout,
+    uint64_t timeout = ctx->scrape_interval_s * 1000;
+    for (size_t i = 0; i < kvr_registry_count(ctx->reg); i++)
+        kvr_probe_worker(ctx, kvr_registry_at(ctx->reg, i), "/metrics", BODY_CAP, timeout,
                          on_metrics);
 }
 
-void kvr_scrape_start(kvr_app *app)
+void kvr_scrape_start(kvr_workers_ctx *ctx)
 {
-    if (!app->cfg.scrape_interval_s)
+    if (!ctx->scrape_interval_s)
         return;
-    uv_timer_init(app->loop, &g_timer);
-    g_timer.data = app;
-    uv_timer_start(&g_timer, round_cb, 0, app->cfg.scrape_interval_s * 1000);
-    g_running = 1;
+    kvr_periodic_start(&g_timer, ctx->loop, round_cb, ctx, 0, ctx->scrape_interval_s * 1000);
 }
 
-void kvr_scrape_stop(kvr_app *app)
+void kvr_scrape_stop(void)
 {
-    (void)app;
-    if (g_running) {
-        g_running = 0;
-        uv_timer_stop(&g_timer);
-        uv_close((uv_handle_t *)&g_timer, NULL);
-    }
+    kvr_periodic_stop(&g_timer);
 }

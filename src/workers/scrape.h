@@ -2,7 +2,7 @@
  * /metrics (vLLM's Prometheus names, vllm/v1/metrics/loggers.py) without blocking the loop. */
 #ifndef KVR_WORKERS_SCRAPE_H
 #define KVR_WORKERS_SCRAPE_H
-#include "app/app.h"
+#include "workers/ctx.h"
 
 /** What one scrape found; fields are -1 when the worker did not publish them. */
 typedef struct kvr_scrape_result {
@@ -16,10 +16,10 @@ typedef struct kvr_scrape_result {
 void kvr_scrape_parse(const char *text, size_t len, kvr_scrape_result *out);
 
 /** Starts the periodic scrape (no-op when cfg.scrape_interval_s is 0). Results go into each
- *  worker's queue/running/kv_usage/kv_tokens, the gauges app->m.queue and app->m.kv_usage;
+ *  worker's queue/running/kv_usage/kv_tokens, the gauges ctx->queue and ctx->kv_usage;
  *  cache_aware takes a worker's index cap from kv_tokens when it next teaches it. */
-void kvr_scrape_start(kvr_app *app);
+void kvr_scrape_start(kvr_workers_ctx *ctx);
 /** Stops the timer. */
-void kvr_scrape_stop(kvr_app *app);
+void kvr_scrape_stop(void);
 
 #endif

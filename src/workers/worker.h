@@ -8,11 +8,23 @@
 typedef struct kvr_worker {
     char *url;              /**< base URL exactly as configured ("http://127.0.0.1:9001"); the
                                  `worker` metric label, x-kvroute-worker and hash-ring key */
-    size_t id;              /**< stable index, unique while the worker is registered */
+    char *name;             /**< its name in the config (defaults to the URL); routes' targets
+                                 and the admin paths name it */
+    double weight;          /**< configured weight (1): the default weight of its targets */
+    size_t id;              /**< unique for the process's life (never reused after removal):
+                                 the index of per-worker state in routes and indexes */
+    int refs;               /**< the registry's reference + one per route targeting it
+                                 (kvr_worker_ref/unref); freed at 0 */
+    int removed;            /**< 1 once a reload dropped it: never eligible again; it lives
+                                 only until its requests end */
+    char **models;          /**< model ids its /v1/models listed last (owned), for routes
+                                 discovered without a config; NULL until it answered */
+    size_t nmodels;
     int64_t inflight;       /**< upstream attempts in progress (DESIGN §4 step 6: changed only
                                  by kvr_worker_acquire/release) */
     int healthy;            /**< 1 while its last health check passed (starts at 1) */
-    int draining;           /**< 1 when removed from rotation but still finishing requests */
+    int draining;           /**< 1 when drained (POST /workers/NAME/drain): no new requests,
+                                 in-flight ones finish, learned state kept */
     double queue;           /**< scraped vllm:num_requests_waiting, -1 when unknown */
     double running;         /**< scraped vllm:num_requests_running, -1 when unknown */
     double kv_usage;        /**< scraped vllm:kv_cache_usage_perc (0..1), -1 when unknown */
@@ -21,10 +33,11 @@ typedef struct kvr_worker {
     uint64_t requests;      /**< attempts started on it, for /workers */
 } kvr_worker;
 
-/** Eligible = may receive new requests: healthy and not draining (DESIGN §4 step 4). */
+/** Eligible = may receive new requests: healthy, not draining, still configured (DESIGN §4
+ *  step 4). */
 static inline int kvr_worker_eligible(const kvr_worker *w)
 {
-    return w->healthy && !w->draining;
+    return w->healthy && !w->draining && !w->removed;
 }
 
 #endif

@@ -1,15 +1,16 @@
-/* Answers a request with an OpenAI-style error and counts it. */
-#ifndef KVR_API_ERRORS_H
-#define KVR_API_ERRORS_H
+/* Answers a request with an OpenAI-style error, and counts finished requests (used by the api
+ * and proxy layers alike). */
+#ifndef KVR_APP_REPLY_H
+#define KVR_APP_REPLY_H
 #include "app/app.h"
 
 /** Sends `status` with {"error":{"message","type","param","code"}} (param/code may be NULL),
  *  plus `n` extra headers, counts it in kvroute_requests_total{model,endpoint,code} and the
  *  duration histogram, and releases `r`. `model` may be NULL ("" label). */
-void kvr_api_error(kvr_app *app, kvr_http_req *r, const char *model, int status,
+void kvr_reply_error(kvr_app *app, kvr_http_req *r, const char *model, int status,
                    const char *message, const char *param, const char *code,
                    const kvr_http_header *extra, size_t n);
 /** Counts a finished request in kvroute_requests_total and kvroute_request_duration_seconds. */
-void kvr_api_count(kvr_app *app, kvr_http_req *r, const char *model, int status);
+void kvr_reply_count(kvr_app *app, kvr_http_req *r, const char *model, int status);
 
 #endif

@@ -1,12 +1,12 @@
 /* OpenAI-style error answers. */
-#include "api/errors.h"
+#include "app/reply.h"
 
 #include <stdio.h>
 
 #include "util/oai_error.h"
 #include "util/time.h"
 
-void kvr_api_count(kvr_app *app, kvr_http_req *r, const char *model, int status)
+void kvr_reply_count(kvr_app *app, kvr_http_req *r, const char *model, int status)
 {
     char code[8];
     snprintf(code, sizeof(code), "%d", status);
@@ -17,14 +17,14 @@ void kvr_api_count(kvr_app *app, kvr_http_req *r, const char *model, int status)
     kvr_metric_observe(app->m.duration, lv, secs);
 }
 
-void kvr_api_error(kvr_app *app, kvr_http_req *r, const char *model, int status,
+void kvr_reply_error(kvr_app *app, kvr_http_req *r, const char *model, int status,
                    const char *message, const char *param, const char *code,
                    const kvr_http_header *extra, size_t n)
 {
     kvr_buf b;
     kvr_buf_init(&b, 0);
     kvr_oai_error_json(&b, status, message, param, code);
-    kvr_api_count(app, r, model, status);
+    kvr_reply_count(app, r, model, status);
     kvr_http_resp_simple(r, status, "application/json", extra, n, b.data, b.len);
     kvr_buf_free(&b);
 }

@@ -1,0 +1,267 @@
+/* Building the fleet (workers and routes) from a configuration, at start, on reload and when
+ * discovery sees a worker's model list change. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "app/app.h"
+#include "util/log.h"
+#include "workers/discovery.h"
+
+static int in_config(const kvr_config *c, const kvr_worker *w)
+{
+    for (size_t i = 0; i < c->nworkers; i++)
+        if (strcmp(c->workers[i].url, w->url) == 0)
+            return 1;
+    return 0;
+}
+
+static kvr_worker *find_worker(const kvr_app *app, const char *name)
+{
+    kvr_worker *w = kvr_registry_find_name(app->reg, name);
+    return w ? w : kvr_registry_find_url(app->reg, name);
+}
+
+static void route_def(const kvr_route_cfg *rc, kvr_route_def *d, const char *name)
+{
+    *d = (kvr_route_def){
+        .name = name,
+        .ops = kvr_policy_find(rc->policy),
+        .cfg = &rc->p,
+        .response_pins = rc->p.max_sessions,
+        .response_pin_ttl_ms = rc->p.session_ttl_s * 1000,
+    };
+}
+
+/* Makes one route; `prev` is the route of that name being replaced (state kept). */
+static int add_route(kvr_app *app, kvr_route_table *t, const kvr_route_def *d,
+                     kvr_errlist *errs)
+{
+    kvr_route *prev = kvr_route_table_find(app->routes, d->name);
+    if (prev && strcmp(prev->name, d->name) != 0)
+        prev = NULL; /* found by an alias: another route */
+    kvr_route *r = kvr_route_new(d, prev);
+    if (!r) {
+        kvr_errlist_add(errs, "route '%s': out of memory", d->name);
+        return -1;
+    }
+    kvr_route_table_add(t, r);
+    return 0;
+}
+
+static int build_file_routes(kvr_app *app, const kvr_config *c, kvr_route_table *t,
+                             kvr_errlist *errs)
+{
+    int rc = 0;
+    for (size_t i = 0; i < c->nroutes && rc == 0; i++) {
+        const kvr_route_spec *rs = &c->routes[i];
+        kvr_route_target *tg = calloc(rs->ntargets ? rs->ntargets : 1, sizeof(*tg));
+        if (!tg) {
+            kvr_errlist_add(errs, "out of memory");
+            return -1;
+        }
+        for (size_t k = 0; k < rs->ntargets; k++) {
+            kvr_worker *w = find_worker(app, rs->targets[k].worker);
+            tg[k] = (kvr_route_target){w, (char *)rs->targets[k].model,
+                                       rs->targets[k].weight > 0 ? rs->targets[k].weight
+                                       : w ? w->weight : 1};
+            if (!w) {
+                kvr_errlist_add(errs, "route '%s': unknown worker '%s'", rs->name,
+                                rs->targets[k].worker);
+                rc = -1;
+            }
+        }
+        kvr_route_def d;
+        route_def(&rs->cfg, &d, rs->name);
+        d.aliases = rs->aliases;
+        d.naliases = rs->naliases;
+        d.targets = tg;
+        d.ntargets = rs->ntargets;
+        if (rc == 0)
+            rc = add_route(app, t, &d, errs);
+        free(tg);
+    }
+    return rc;
+}
+
+/* One route over every worker (--model), or one per listed model (discovery). */
+static int build_cli_routes(kvr_app *app, const kvr_config *c, kvr_route_table *t,
+                            kvr_errlist *errs)
+{
+    size_t nw = kvr_registry_count(app->reg);
+    kvr_route_target *tg = calloc(nw ? nw : 1, sizeof(*tg));
+    if (!tg) {
+        kvr_errlist_add(errs, "out of memory");
+        return -1;
+    }
+    int rc = 0;
+    kvr_route_def d;
+    if (c->model) {
+        for (size_t i = 0; i < nw; i++) {
+            kvr_worker *w = kvr_registry_at(app->reg, i);
+            tg[i] = (kvr_route_target){w, NULL, w->weight};
+        }
+        route_def(&c->route, &d, c->model);
+        d.targets = tg;
+        d.ntargets = nw;
+        rc = add_route(app, t, &d, errs);
+    } else {
+        /* Each model once, in the order the workers list them. */
+        for (size_t i = 0; i < nw && rc == 0; i++) {
+            kvr_worker *wi = kvr_registry_at(app->reg, i);
+            for (size_t m = 0; m < wi->nmodels && rc == 0; m++) {
+                const char *model = wi->models[m];
+                if (kvr_route_table_find(t, model))
+                    continue;
+                size_t n = 0;
+                for (size_t j = 0; j < nw; j++) {
+                    kvr_worker *w = kvr_registry_at(app->reg, j);
+                    if (kvr_worker_lists(w, model))
+                        tg[n++] = (kvr_route_target){w, NULL, w->weight};
+                }
+                route_def(&c->route, &d, model);
+                d.targets = tg;
+                d.ntargets = n;
+                rc = add_route(app, t, &d, errs);
+            }
+        }
+    }
+    free(tg);
+    return rc;
+}
+
+static int build_routes(kvr_app *app, const kvr_config *c, kvr_errlist *errs)
+{
+    kvr_route_table *t = kvr_route_table_new();
+    int rc = c->nroutes ? build_file_routes(app, c, t, errs) : build_cli_routes(app, c, t, errs);
+    if (rc < 0) {
+        kvr_route_table_free(t);
+        return -1;
+    }
+    /* Requests in progress hold their own references: swapping cuts nothing. */
+    kvr_route_table *old = app->routes;
+    app->routes = t;
+    kvr_route_table_free(old);
+    return 0;
+}
+
+int kvr_app_apply(kvr_app *app, kvr_config *c, kvr_errlist *errs)
+{
+    /* Workers the new configuration drops leave the registry first, so their names are free
+     * for the new ones; their requests finish on the routes that still reference them. */
+    kvr_worker **gone = calloc(kvr_registry_count(app->reg) + 1, sizeof(*gone));
+    if (!gone) {
+        kvr_errlist_add(errs, "out of memory");
+        return -1;
+    }
+    size_t ngone = 0;
+    for (size_t i = 0; i < kvr_registry_count(app->reg); i++) {
+        kvr_worker *w = kvr_registry_at(app->reg, i);
+        if (!in_config(c, w)) {
+            kvr_worker_ref(w);
+            gone[ngone++] = w;
+        }
+    }
+    for (size_t i = 0; i < ngone; i++) {
+        KVR_INFO("msg=\"worker removed\" worker=%s inflight=%lld", gone[i]->url,
+                 (long long)gone[i]->inflight);
+        kvr_app_forget_worker(app, gone[i]);
+        kvr_app_depart(app, gone[i]);
+        kvr_registry_remove(app->reg, gone[i]);
+    }
+    for (size_t i = 0; i < c->nworkers; i++) {
+        const kvr_worker_spec *ws = &c->workers[i];
+        kvr_worker *w = kvr_registry_find_url(app->reg, ws->url);
+        if (w) {
+            if (strcmp(w->name, ws->name) != 0) {
+                char *n = strdup(ws->name);
+                if (n) {
+                    free(w->name);
+                    w->name = n;
+                }
+            }
+            w->weight = ws->weight > 0 ? ws->weight : 1;
+        } else if (!kvr_registry_add(app->reg, ws->url, ws->name, ws->weight)) {
+            kvr_errlist_add(errs, "worker '%s': cannot add it (malformed URL or duplicate)",
+                            ws->url);
+        } else if (app->routes) {
+            KVR_INFO("msg=\"worker added\" worker=%s", ws->url);
+        }
+    }
+    app->discovering = c->nroutes == 0 && !c->model;
+    app->wctx.discover = app->discovering;
+    int rc = errs->n ? -1 : build_routes(app, c, errs);
+    for (size_t i = 0; i < ngone; i++)
+        kvr_worker_unref(gone[i]);
+    free(gone);
+    if (rc == 0)
+        app->live = c;
+    return rc;
+}
+
+void kvr_app_rediscover(kvr_app *app)
+{
+    if (!app->discovering || !app->live)
+        return;
+    kvr_errlist errs = {0};
+    if (build_routes(app, app->live, &errs) < 0)
+        KVR_WARN("msg=\"rebuilding discovered routes failed\" error=\"%s\"",
+                 errs.n ? errs.msg[0] : "");
+    kvr_errlist_free(&errs);
+}
+
+/* Settings read once at start: a reload that changes them says so. */
+static void log_ignored(const kvr_config *old, const kvr_config *c)
+{
+    struct {
+        const char *name;
+        int changed;
+    } s[] = {
+        {"listen.host", strcmp(old->host, c->host) != 0},
+        {"listen.port", old->port != c->port},
+        {"admin.host", strcmp(old->admin_host, c->admin_host) != 0},
+        {"admin.port", old->admin_port != c->admin_port},
+        {"health_interval_ms", old->health_interval_ms != c->health_interval_ms},
+        {"scrape_interval", old->scrape_interval_s != c->scrape_interval_s},
+        {"discovery_interval", old->discovery_interval_s != c->discovery_interval_s},
+    };
+    for (size_t i = 0; i < sizeof(s) / sizeof(s[0]); i++)
+        if (s[i].changed)
+            KVR_WARN("msg=\"reload: setting needs a restart, ignored\" setting=%s", s[i].name);
+}
+
+int kvr_app_reload(kvr_app *app, kvr_errlist *errs)
+{
+    kvr_config *c = calloc(1, sizeof(*c));
+    const char *res[] = {"error"};
+    if (!c) {
+        kvr_errlist_add(errs, "out of memory");
+        kvr_metric_inc(app->m.reloads, res, 1);
+        return -1;
+    }
+    kvr_config_default(c);
+    int rc = kvr_config_load(c, app->argc, app->argv, errs);
+    kvr_config *prev = app->live;
+    if (rc == 0)
+        rc = kvr_app_apply(app, c, errs);
+    if (rc != 0) {
+        for (size_t i = 0; i < errs->n; i++)
+            KVR_WARN("msg=\"reload refused\" error=\"%s\"", errs->msg[i]);
+        kvr_config_free(c);
+        free(c);
+        kvr_metric_inc(app->m.reloads, res, 1);
+        return -1;
+    }
+    log_ignored(&app->cfg, c);
+    kvr_discovery_start(&app->wctx); /* a reload may switch to discovered routes */
+    if (prev && prev != &app->cfg) {
+        kvr_config_free(prev);
+        free(prev);
+    }
+    app->generation++;
+    res[0] = "ok";
+    kvr_metric_inc(app->m.reloads, res, 1);
+    kvr_metric_set(app->m.generation, NULL, (double)app->generation);
+    KVR_INFO("msg=\"config reloaded\" generation=%llu routes=%zu workers=%zu",
+             (unsigned long long)app->generation, app->routes->n, kvr_registry_count(app->reg));
+    return 0;
+}

@@ -1,0 +1,632 @@
+/* The YAML config file (see kvr_config_file_load in config.h). The document is walked along
+ * the schema only, never generically, so YAML aliases (even cyclic ones) cannot make the walk
+ * recurse without bound. Every problem is reported with its position and the walk goes on, so
+ * one run shows them all. */
+#include "config/config.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <yaml.h>
+
+#include "routing/policy.h"
+
+/* A config file is small; the cap keeps `--config /dev/zero` from eating the memory. */
+#define MAX_FILE_BYTES ((size_t)64 << 20)
+/* Longest key that can name a flag (the longest flag name is well under this). */
+#define MAX_KEY 64
+
+typedef struct {
+    kvr_config *c;
+    const char *path;
+    kvr_errlist *errs;
+    yaml_document_t *doc;
+    const kvr_flag *flags, *route_flags;
+    size_t nflags, nroute_flags;
+} loader;
+
+#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
+
+static const char *const TOP_KEYS[] = {"listen", "admin", "defaults", "workers", "routes"};
+static const char *const LISTEN_KEYS[] = {"host", "port"};
+static const char *const LISTEN_FLAGS[] = {"host", "port"};
+static const char *const ADMIN_KEYS[] = {"host", "port", "token_file"};
+static const char *const ADMIN_FLAGS[] = {"admin-host", "admin-port", "admin-token-file"};
+static const char *const ROUTE_KEYS[] = {"name", "model", "aliases", "targets"};
+/* Global flags that make no sense in the file (or have a section instead): never suggested. */
+static const char *const ARGV_ONLY[] = {"config", "check", "worker"};
+
+__attribute__((format(printf, 3, 4))) static void fail(loader *l, const yaml_node_t *at,
+                                                       const char *fmt, ...)
+{
+    char msg[900];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    kvr_errlist_add(l->errs, "%s:%zu:%zu: %s", l->path, at->start_mark.line + 1,
+                    at->start_mark.column + 1, msg);
+}
+
+static const char *text(const yaml_node_t *n)
+{
+    return (const char *)n->data.scalar.value;
+}
+
+/* Scalars may hold a NUL (a "\0" escape): such a key never equals a C string. */
+static int is(const yaml_node_t *k, const char *s)
+{
+    return k->data.scalar.length == strlen(s) && memcmp(k->data.scalar.value, s, strlen(s)) == 0;
+}
+
+/* The loader does not resolve tags: a plain scalar is null by its text, as YAML says. */
+static int is_null(const yaml_node_t *n)
+{
+    if (n->type != YAML_SCALAR_NODE)
+        return 0;
+    const char *v = text(n);
+    return (n->tag && !strcmp((const char *)n->tag, YAML_NULL_TAG)) ||
+           (n->data.scalar.style == YAML_PLAIN_SCALAR_STYLE &&
+            (!*v || !strcmp(v, "~") || !strcasecmp(v, "null")));
+}
+
+static size_t nitems(const yaml_node_t *seq)
+{
+    return (size_t)(seq->data.sequence.items.top - seq->data.sequence.items.start);
+}
+
+/* `v` (the value of key `k`, or an item of its list) has type `t`, else reported. */
+static int want(loader *l, const yaml_node_t *k, const yaml_node_t *v, yaml_node_type_t t)
+{
+    if (v->type == t && !is_null(v))
+        return 1;
+    if (is_null(v))
+        fail(l, v, "%s: expected a value", text(k));
+    else
+        fail(l, v, "%s: expected %s", text(k),
+             t == YAML_MAPPING_NODE ? "a mapping" : t == YAML_SEQUENCE_NODE ? "a list" : "a scalar");
+    return 0;
+}
+
+/* The scalar text of `v` (borrowed from the document), or NULL once reported. Names and URLs
+ * (`nonempty`) cannot be "". */
+static const char *scalar(loader *l, const yaml_node_t *k, const yaml_node_t *v, int nonempty)
+{
+    if (!want(l, k, v, YAML_SCALAR_NODE))
+        return NULL;
+    if (memchr(v->data.scalar.value, '\0', v->data.scalar.length)) {
+        fail(l, v, "%s: value contains a NUL byte", text(k));
+        return NULL;
+    }
+    if (nonempty && !v->data.scalar.length) {
+        fail(l, v, "%s: expected a value", text(k));
+        return NULL;
+    }
+    return text(v);
+}
+
+static const char *keep(loader *l, const char *s)
+{
+    return kvr_config_strndup(l->c, s, strlen(s));
+}
+
+/* Edit distance to `b`, a known key (at most MAX_KEY long). */
+static size_t distance(const char *a, size_t la, const char *b)
+{
+    size_t lb = strlen(b), row[MAX_KEY + 1];
+    for (size_t j = 0; j <= lb; j++)
+        row[j] = j;
+    for (size_t i = 1; i <= la; i++) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= lb; j++) {
+            size_t up = row[j], best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best)
+                best = up + 1;
+            if (row[j - 1] + 1 < best)
+                best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[lb];
+}
+
+/* Makes `cand` the best so far when it is closer to `key` than *bestd. */
+static int consider(const char *key, size_t len, const char *cand, size_t *bestd)
+{
+    size_t lc = strlen(cand);
+    /* The length difference bounds the distance: skip the work for hopeless (long) keys. */
+    if ((len > lc ? len - lc : lc - len) >= *bestd)
+        return 0;
+    size_t d = distance(key, len, cand);
+    if (d >= *bestd)
+        return 0;
+    *bestd = d;
+    return 1;
+}
+
+static int argv_only(const char *flag)
+{
+    for (size_t i = 0; i < COUNT(ARGV_ONLY); i++)
+        if (!strcmp(flag, ARGV_ONLY[i]))
+            return 1;
+    return 0;
+}
+
+/* Reports unknown key `k`, suggesting the closest of `names` and the rows of `table` (written
+ * with underscores, as in the file) when one is close enough to be a typo. */
+static void unknown(loader *l, const yaml_node_t *k, const char *const *names, size_t n,
+                    const kvr_flag *table, size_t nt)
+{
+    size_t len = k->data.scalar.length, bestd = (len / 3 > 2 ? len / 3 : 2) + 1;
+    char buf[MAX_KEY + 1], best[MAX_KEY + 1] = "";
+    for (size_t i = 0; i < n; i++)
+        if (consider(text(k), len, names[i], &bestd))
+            snprintf(best, sizeof(best), "%s", names[i]);
+    for (size_t i = 0; i < nt; i++) {
+        size_t j = 0;
+        if (argv_only(table[i].name) || strlen(table[i].name) > MAX_KEY)
+            continue;
+        for (; table[i].name[j]; j++)
+            buf[j] = table[i].name[j] == '-' ? '_' : table[i].name[j];
+        buf[j] = '\0';
+        if (consider(text(k), len, buf, &bestd))
+            memcpy(best, buf, j + 1);
+    }
+    /* A very short key is "close" to any short name: require something of it to survive. */
+    if (best[0] && bestd < len)
+        fail(l, k, "unknown key '%s' (did you mean '%s'?)", text(k), best);
+    else
+        fail(l, k, "unknown key '%s'", text(k));
+}
+
+/* The row of `table` that key `k` names (its '_' written '-'). A key written with '-' is not
+ * one: the file's spelling is underscores only, and the did-you-mean says so. */
+static const kvr_flag *flag_for(const yaml_node_t *k, const kvr_flag *table, size_t n)
+{
+    char name[MAX_KEY + 1];
+    size_t len = k->data.scalar.length;
+    if (len > MAX_KEY || memchr(text(k), '-', len) || memchr(text(k), '\0', len))
+        return NULL;
+    for (size_t i = 0; i < len; i++)
+        name[i] = text(k)[i] == '_' ? '-' : text(k)[i];
+    name[len] = '\0';
+    return kvr_flags_find(table, n, name);
+}
+
+/* Sets flag `f` of `target` from value `v` of key `k` as the command line would, with the
+ * message's "--flag" written as the key. Returns the value (in the arena), NULL on error. */
+static const char *apply(loader *l, const kvr_flag *f, void *target, const yaml_node_t *k,
+                         const yaml_node_t *v)
+{
+    const char *s = scalar(l, k, v, 0);
+    if (!s)
+        return NULL;
+    /* Checked before setting so that an unknown policy never lands in the config. */
+    if (!strcmp(f->name, "policy") && !kvr_policy_find(s)) {
+        fail(l, v, "%s: unknown policy '%s' (one of %s)", text(k), s, kvr_policy_names());
+        return NULL;
+    }
+    /* STR and custom rows keep the pointer: it must outlive the document. */
+    s = keep(l, s);
+    char err[512];
+    if (kvr_flags_set(f, target, s, err, sizeof(err)) == 0)
+        return s;
+    size_t nl = strlen(f->name);
+    if (!strncmp(err, "--", 2) && !strncmp(err + 2, f->name, nl))
+        fail(l, v, "%s%s", text(k), err + 2 + nl);
+    else
+        fail(l, v, "%s: %s", text(k), err);
+    return NULL;
+}
+
+static void weight(loader *l, const yaml_node_t *k, const yaml_node_t *v, double *out)
+{
+    const char *s = scalar(l, k, v, 0);
+    char *end = NULL;
+    errno = 0;
+    double d = s ? strtod(s, &end) : 0;
+    if (s && (end == s || *end || errno || !isfinite(d) || !(d > 0)))
+        fail(l, v, "%s: bad value '%s' (expected a number > 0)", text(k), s);
+    else if (s)
+        *out = d;
+}
+
+/* Pair `p` of mapping `m`, when its key is a scalar not seen earlier in `m` (else reported:
+ * a duplicate is skipped rather than silently overriding the first). */
+static int pair(loader *l, const yaml_node_t *m, const yaml_node_pair_t *p, yaml_node_t **k,
+                yaml_node_t **v)
+{
+    *k = yaml_document_get_node(l->doc, p->key);
+    *v = yaml_document_get_node(l->doc, p->value);
+    if (!*k || !*v)
+        return 0;
+    if ((*k)->type != YAML_SCALAR_NODE) {
+        fail(l, *k, "expected a scalar key");
+        return 0;
+    }
+    for (const yaml_node_pair_t *q = m->data.mapping.pairs.start; q < p; q++) {
+        const yaml_node_t *e = yaml_document_get_node(l->doc, q->key);
+        if (e && e->type == YAML_SCALAR_NODE && e->data.scalar.length == (*k)->data.scalar.length &&
+            !memcmp(e->data.scalar.value, (*k)->data.scalar.value, e->data.scalar.length)) {
+            fail(l, *k, "duplicate key '%s' (first at line %zu)", text(*k), e->start_mark.line + 1);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+#define EACH_PAIR(m, p)                                                                        \
+    for (const yaml_node_pair_t *p = (m)->data.mapping.pairs.start;                            \
+         p < (m)->data.mapping.pairs.top; p++)
+#define ITEM(l, seq, i) yaml_document_get_node((l)->doc, (seq)->data.sequence.items.start[i])
+#define LINE(n) ((int)(n)->start_mark.line + 1)
+#define COL(n) ((int)(n)->start_mark.column + 1)
+
+/* A mapping of flags into `target`: `listen` and `admin` (fixed `keys`, each naming one of
+ * `flags` of the global table), or `defaults` (keys NULL: the route table's names). */
+static void settings(loader *l, const yaml_node_t *k, const yaml_node_t *m, void *target,
+                     const char *const *keys, const char *const *flags, size_t n)
+{
+    if (!want(l, k, m, YAML_MAPPING_NODE))
+        return;
+    yaml_node_t *kk, *v;
+    EACH_PAIR(m, p) {
+        if (!pair(l, m, p, &kk, &v))
+            continue;
+        size_t i = 0;
+        while (keys && i < n && !is(kk, keys[i]))
+            i++;
+        const kvr_flag *f = !keys ? flag_for(kk, l->route_flags, l->nroute_flags)
+                            : i < n ? kvr_flags_find(l->flags, l->nflags, flags[i])
+                                    : NULL;
+        if (f)
+            apply(l, f, target, kk, v);
+        else if (keys)
+            unknown(l, kk, keys, n, NULL, 0);
+        else
+            unknown(l, kk, NULL, 0, l->route_flags, l->nroute_flags);
+    }
+}
+
+/* Workers and targets have the same shape: a plain scalar (the value of the first key), or a
+ * mapping of three keys: the required one, a name, a weight. */
+typedef struct {
+    const char *keys[3];
+    const char *what;  /* singular, for "missing" */
+    const char *plain; /* what a plain scalar item is */
+} shape;
+
+static const shape WORKER = {{"url", "name", "weight"}, "worker", "a URL"};
+static const shape TARGET = {{"worker", "model", "weight"}, "target", "a worker name"};
+
+/* One item `it` of list `k`. 0 when it has no usable first key (then it is not kept). */
+static int entry(loader *l, const shape *sh, const yaml_node_t *k, const yaml_node_t *it,
+                 const char **first, const char **second, double *w)
+{
+    const char *s;
+    if (it->type == YAML_SCALAR_NODE) {
+        if ((s = scalar(l, k, it, 1)))
+            *first = keep(l, s);
+        return s != NULL;
+    }
+    if (it->type != YAML_MAPPING_NODE) {
+        fail(l, it, "%s: expected %s or a mapping", text(k), sh->plain);
+        return 0;
+    }
+    yaml_node_t *kk, *v;
+    int bad = 0;
+    EACH_PAIR(it, p) {
+        if (!pair(l, it, p, &kk, &v))
+            continue;
+        if (is(kk, sh->keys[0])) {
+            bad = !(s = scalar(l, kk, v, 1));
+            if (s)
+                *first = keep(l, s);
+        } else if (is(kk, sh->keys[1])) {
+            if ((s = scalar(l, kk, v, 1)))
+                *second = keep(l, s);
+        } else if (is(kk, sh->keys[2])) {
+            weight(l, kk, v, w);
+        } else {
+            unknown(l, kk, sh->keys, COUNT(sh->keys), NULL, 0);
+        }
+    }
+    if (!*first && !bad)
+        fail(l, it, "%s: missing '%s'", sh->what, sh->keys[0]);
+    return *first != NULL;
+}
+
+/* How many items of list `seq` to read: a worker list (the file's, or a route's targets) is
+ * capped like --worker, which also stops aliased lists from multiplying. */
+static size_t capped(loader *l, const yaml_node_t *k, const yaml_node_t *seq)
+{
+    if (!want(l, k, seq, YAML_SEQUENCE_NODE))
+        return 0;
+    if (nitems(seq) <= KVR_MAX_WORKERS)
+        return nitems(seq);
+    const yaml_node_t *it = ITEM(l, seq, KVR_MAX_WORKERS);
+    fail(l, it ? it : seq, "%s: too many (max %d)", text(k), KVR_MAX_WORKERS);
+    return KVR_MAX_WORKERS;
+}
+
+static void workers(loader *l, const yaml_node_t *k, const yaml_node_t *seq)
+{
+    kvr_config *c = l->c;
+    size_t n = capped(l, k, seq);
+    if (!n)
+        return;
+    /* The arena cannot grow an allocation: copy what is there into a larger one. */
+    kvr_worker_spec *w = kvr_config_alloc(c, (c->nworkers + n) * sizeof(*w));
+    if (c->nworkers)
+        memcpy(w, c->workers, c->nworkers * sizeof(*w));
+    c->workers = w;
+    for (size_t i = 0; i < n; i++) {
+        const yaml_node_t *it = ITEM(l, seq, i);
+        if (!it)
+            continue;
+        kvr_worker_spec ws = {.weight = 1, .line = LINE(it), .col = COL(it)};
+        if (entry(l, &WORKER, k, it, &ws.url, &ws.name, &ws.weight)) {
+            ws.name = ws.name ? ws.name : ws.url;
+            c->workers[c->nworkers++] = ws;
+        }
+    }
+}
+
+static void targets(loader *l, const yaml_node_t *k, const yaml_node_t *seq, kvr_route_spec *r)
+{
+    size_t n = capped(l, k, seq);
+    if (!n)
+        return;
+    r->targets = kvr_config_alloc(l->c, n * sizeof(*r->targets));
+    for (size_t i = 0; i < n; i++) {
+        const yaml_node_t *it = ITEM(l, seq, i);
+        if (!it)
+            continue;
+        kvr_target_spec t = {.line = LINE(it), .col = COL(it)};
+        if (entry(l, &TARGET, k, it, &t.worker, &t.model, &t.weight))
+            r->targets[r->ntargets++] = t;
+    }
+}
+
+static void aliases(loader *l, const yaml_node_t *k, const yaml_node_t *v, kvr_route_spec *r)
+{
+    const char *s;
+    if (v->type == YAML_SCALAR_NODE) {
+        if ((s = scalar(l, k, v, 1))) {
+            r->aliases = kvr_config_alloc(l->c, sizeof(*r->aliases));
+            r->aliases[r->naliases++] = keep(l, s);
+        }
+        return;
+    }
+    if (v->type != YAML_SEQUENCE_NODE) {
+        fail(l, v, "%s: expected a name or a list of names", text(k));
+        return;
+    }
+    if (!nitems(v))
+        return;
+    r->aliases = kvr_config_alloc(l->c, nitems(v) * sizeof(*r->aliases));
+    for (size_t i = 0; i < nitems(v); i++) {
+        const yaml_node_t *it = ITEM(l, v, i);
+        if (it && (s = scalar(l, k, it, 1)))
+            r->aliases[r->naliases++] = keep(l, s);
+    }
+}
+
+/* One item of `routes`. 0 when it has no usable name (then it is not kept). */
+static int route(loader *l, const yaml_node_t *k, const yaml_node_t *m, kvr_route_spec *r)
+{
+    *r = (kvr_route_spec){.line = LINE(m), .col = COL(m)};
+    if (!want(l, k, m, YAML_MAPPING_NODE))
+        return 0;
+    size_t npairs = (size_t)(m->data.mapping.pairs.top - m->data.mapping.pairs.start);
+    if (npairs)
+        r->settings = kvr_config_alloc(l->c, npairs * sizeof(*r->settings));
+    yaml_node_t *kk, *v;
+    const yaml_node_t *named = NULL, *named_key = NULL; /* the first of name/model */
+    int bad_name = 0;
+    EACH_PAIR(m, p) {
+        if (!pair(l, m, p, &kk, &v))
+            continue;
+        if (is(kk, "name") || is(kk, "model")) {
+            const char *s = scalar(l, kk, v, 1);
+            if (s && named && strcmp(s, text(named))) {
+                fail(l, v, "%s: '%s' differs from %s '%s' (give one of them)", text(kk), s,
+                     text(named_key), text(named));
+                s = NULL;
+            }
+            bad_name |= !s;
+            if (s && !named)
+                named = v, named_key = kk;
+        } else if (is(kk, "aliases")) {
+            aliases(l, kk, v, r);
+        } else if (is(kk, "targets")) {
+            targets(l, kk, v, r);
+        } else {
+            const kvr_flag *f = flag_for(kk, l->route_flags, l->nroute_flags);
+            if (!f) {
+                unknown(l, kk, ROUTE_KEYS, COUNT(ROUTE_KEYS), l->route_flags, l->nroute_flags);
+                continue;
+            }
+            /* Checked now, at the value's position; applied over the defaults later. */
+            kvr_route_cfg scratch = l->c->route;
+            const char *s = apply(l, f, &scratch, kk, v);
+            if (s)
+                r->settings[r->nsettings++] = (kvr_setting){
+                    .key = keep(l, text(kk)), .value = s, .line = LINE(v), .col = COL(v)};
+        }
+    }
+    if (named && !bad_name)
+        r->name = keep(l, text(named));
+    else if (!named && !bad_name)
+        fail(l, m, "route: missing 'name' (or 'model')");
+    return r->name != NULL;
+}
+
+static void routes(loader *l, const yaml_node_t *k, const yaml_node_t *seq)
+{
+    if (!want(l, k, seq, YAML_SEQUENCE_NODE) || !nitems(seq))
+        return;
+    kvr_config *c = l->c;
+    kvr_route_spec *rs = kvr_config_alloc(c, (c->nroutes + nitems(seq)) * sizeof(*rs));
+    if (c->nroutes)
+        memcpy(rs, c->routes, c->nroutes * sizeof(*rs));
+    c->routes = rs;
+    for (size_t i = 0; i < nitems(seq); i++) {
+        const yaml_node_t *it = ITEM(l, seq, i);
+        kvr_route_spec r;
+        if (it && route(l, k, it, &r))
+            c->routes[c->nroutes++] = r;
+    }
+}
+
+static void global(loader *l, const yaml_node_t *k, const yaml_node_t *v)
+{
+    const kvr_flag *f = flag_for(k, l->flags, l->nflags);
+    if (!f)
+        unknown(l, k, TOP_KEYS, COUNT(TOP_KEYS), l->flags, l->nflags);
+    else if (!strcmp(f->name, "worker"))
+        fail(l, k, "worker: only on the command line (use `workers:` in a file)");
+    else if (argv_only(f->name))
+        fail(l, k, "%s: only on the command line", text(k));
+    else
+        apply(l, f, l->c, k, v);
+}
+
+static void top(loader *l, const yaml_node_t *m)
+{
+    if (m->type != YAML_MAPPING_NODE) {
+        fail(l, m, "expected a mapping at the top level");
+        return;
+    }
+    yaml_node_t *k, *v;
+    EACH_PAIR(m, p) {
+        if (!pair(l, m, p, &k, &v))
+            continue;
+        if (is(k, "listen"))
+            settings(l, k, v, l->c, LISTEN_KEYS, LISTEN_FLAGS, COUNT(LISTEN_KEYS));
+        else if (is(k, "admin"))
+            settings(l, k, v, l->c, ADMIN_KEYS, ADMIN_FLAGS, COUNT(ADMIN_KEYS));
+        else if (is(k, "defaults"))
+            settings(l, k, v, &l->c->route, NULL, NULL, 0);
+        else if (is(k, "workers"))
+            workers(l, k, v);
+        else if (is(k, "routes"))
+            routes(l, k, v);
+        else
+            global(l, k, v);
+    }
+}
+
+/* The whole file, NUL-terminated; NULL with errno set. */
+static char *read_all(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap + 1), *nb;
+    int err = buf ? 0 : ENOMEM;
+    while (!err) {
+        if (n == cap) {
+            if (cap >= MAX_FILE_BYTES) {
+                err = EFBIG;
+                break;
+            }
+            if (!(nb = realloc(buf, 2 * cap + 1))) {
+                err = ENOMEM;
+                break;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+        errno = 0;
+        size_t got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (!got && ferror(f))
+            err = errno ? errno : EIO;
+        else if (!got)
+            break;
+    }
+    fclose(f);
+    if (err) {
+        free(buf);
+        errno = err;
+        return NULL;
+    }
+    buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
+static void syntax_error(loader *l, const yaml_parser_t *p, const char *buf, size_t len)
+{
+    if (p->error == YAML_MEMORY_ERROR) {
+        kvr_errlist_add(l->errs, "%s:0:0: out of memory", l->path);
+        return;
+    }
+    size_t line = p->problem_mark.line + 1, col = p->problem_mark.column + 1;
+    if (p->error == YAML_READER_ERROR) {
+        /* The reader (encoding) errors only give a byte offset. */
+        size_t off = p->problem_offset < len ? p->problem_offset : len, bol = 0;
+        line = 1;
+        for (size_t i = 0; i < off; i++)
+            if (buf[i] == '\n')
+                line++, bol = i + 1;
+        col = off - bol + 1;
+    }
+    const char *problem = p->problem ? p->problem : "syntax error";
+    if (p->context)
+        kvr_errlist_add(l->errs, "%s:%zu:%zu: %s (%s at line %zu, column %zu)", l->path, line, col,
+                        problem, p->context, p->context_mark.line + 1,
+                        p->context_mark.column + 1);
+    else
+        kvr_errlist_add(l->errs, "%s:%zu:%zu: %s", l->path, line, col, problem);
+}
+
+int kvr_config_file_load(kvr_config *c, const char *path, kvr_errlist *errs)
+{
+    size_t before = errs->n, len = 0;
+    char *buf = read_all(path, &len);
+    if (!buf) {
+        kvr_errlist_add(errs, "%s:0:0: cannot read: %s", path, strerror(errno));
+        return -1;
+    }
+    loader l = {.c = c, .path = path, .errs = errs};
+    l.flags = kvr_config_flags(&l.nflags);
+    l.route_flags = kvr_config_route_flags(&l.nroute_flags);
+    yaml_parser_t p;
+    if (!yaml_parser_initialize(&p)) {
+        free(buf);
+        kvr_errlist_add(errs, "%s:0:0: out of memory", path);
+        return -1;
+    }
+    yaml_parser_set_input_string(&p, (const unsigned char *)buf, len);
+    yaml_document_t doc;
+    l.doc = &doc;
+    if (!yaml_parser_load(&p, &doc)) {
+        syntax_error(&l, &p, buf, len);
+    } else {
+        yaml_node_t *root = yaml_document_get_root_node(&doc);
+        if (root && !is_null(root))
+            top(&l, root);
+        yaml_document_delete(&doc);
+        /* A second document would be ignored silently by the loader: say so instead. */
+        if (!yaml_parser_load(&p, &doc)) {
+            syntax_error(&l, &p, buf, len);
+        } else {
+            if ((root = yaml_document_get_root_node(&doc)))
+                fail(&l, root, "only one YAML document is allowed");
+            yaml_document_delete(&doc);
+        }
+    }
+    yaml_parser_delete(&p);
+    free(buf);
+    return errs->n > before ? -1 : 0;
+}

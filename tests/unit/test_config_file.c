@@ -1,0 +1,397 @@
+/* The YAML config file loader: a full file lands in the struct exactly; every error is
+ * reported once as PATH:LINE:COL with the right position; did-you-mean; syntax errors;
+ * unreadable and empty files; types, nulls, bounds and the shapes of each section. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "config/config.h"
+
+typedef struct {
+    char path[64];
+    kvr_config c;
+    kvr_errlist errs;
+    int rc;
+} loaded;
+
+/* Writes `yaml` to a fresh temp file and loads it over the defaults. */
+static loaded *load(const char *yaml)
+{
+    loaded *l = calloc(1, sizeof(*l));
+    assert_non_null(l);
+    snprintf(l->path, sizeof(l->path), "/tmp/kvr-config-XXXXXX");
+    int fd = mkstemp(l->path);
+    assert_true(fd >= 0);
+    size_t n = strlen(yaml);
+    assert_int_equal(write(fd, yaml, n), (ssize_t)n);
+    close(fd);
+    kvr_config_default(&l->c);
+    l->rc = kvr_config_file_load(&l->c, l->path, &l->errs);
+    return l;
+}
+
+static void done(loaded *l)
+{
+    unlink(l->path);
+    kvr_config_free(&l->c);
+    kvr_errlist_free(&l->errs);
+    free(l);
+}
+
+/* Error `i` is exactly "PATH:" followed by `rest`. */
+static void assert_error(const loaded *l, size_t i, const char *rest)
+{
+    char want[1024];
+    snprintf(want, sizeof(want), "%s:%s", l->path, rest);
+    assert_true(i < l->errs.n);
+    assert_string_equal(l->errs.msg[i], want);
+}
+
+/* Error `i` starts with "PATH:" followed by `pos` (libyaml's wording is not ours to pin). */
+static void assert_error_at(const loaded *l, size_t i, const char *pos)
+{
+    char want[256];
+    snprintf(want, sizeof(want), "%s:%s", l->path, pos);
+    assert_true(i < l->errs.n);
+    assert_memory_equal(l->errs.msg[i], want, strlen(want));
+}
+
+static const char FULL[] =
+    "# everything at once\n"
+    "listen:\n"
+    "  host: 0.0.0.0\n"
+    "  port: 8080\n"
+    "admin:\n"
+    "  host: 127.0.0.2\n"
+    "  port: 9090\n"
+    "  token_file: /etc/kvroute/token\n"
+    "defaults:\n"
+    "  policy: round_robin\n"
+    "  cache_threshold: 0.25\n"
+    "log_level: debug\n"
+    "max_body_bytes: 1048576\n"
+    "workers:\n"
+    "  - http://127.0.0.1:9001\n"
+    "  - url: http://127.0.0.1:9002\n"
+    "    name: gpu2\n"
+    "    weight: 2.5\n"
+    "routes:\n"
+    "  - name: llama\n"
+    "    aliases: [llama-3, meta/llama]\n"
+    "    session_ttl: 600\n"
+    "    policy: cache_aware\n"
+    "    targets:\n"
+    "      - http://127.0.0.1:9001\n"
+    "      - {worker: gpu2, model: llama-3-8b, weight: 3}\n"
+    "  - model: qwen\n"
+    "    aliases: qwen2\n"
+    "    targets: [gpu2]\n";
+
+static void full_file(void **state)
+{
+    (void)state;
+    loaded *l = load(FULL);
+    kvr_config *c = &l->c;
+    kvr_errlist_print(&l->errs, stderr, "unexpected: ");
+    assert_int_equal(l->rc, 0);
+    assert_int_equal(l->errs.n, 0);
+
+    assert_string_equal(c->host, "0.0.0.0");
+    assert_int_equal(c->port, 8080);
+    assert_string_equal(c->admin_host, "127.0.0.2");
+    assert_int_equal(c->admin_port, 9090);
+    assert_string_equal(c->admin_token_file, "/etc/kvroute/token");
+    assert_string_equal(c->route.policy, "round_robin");
+    assert_true(c->route.p.cache_threshold == 0.25);
+    assert_int_equal(c->route.p.session_ttl_s, 3600); /* a route's own key is not a default */
+    assert_string_equal(c->log_level, "debug");
+    assert_int_equal(c->http.max_body_bytes, 1048576);
+
+    assert_int_equal(c->nworkers, 2);
+    assert_string_equal(c->workers[0].url, "http://127.0.0.1:9001");
+    assert_string_equal(c->workers[0].name, "http://127.0.0.1:9001");
+    assert_true(c->workers[0].weight == 1);
+    assert_int_equal(c->workers[0].line, 15);
+    assert_int_equal(c->workers[0].col, 5);
+    assert_string_equal(c->workers[1].url, "http://127.0.0.1:9002");
+    assert_string_equal(c->workers[1].name, "gpu2");
+    assert_true(c->workers[1].weight == 2.5);
+    assert_int_equal(c->workers[1].line, 16);
+    assert_int_equal(c->workers[1].col, 5);
+
+    assert_int_equal(c->nroutes, 2);
+    const kvr_route_spec *r = &c->routes[0];
+    assert_string_equal(r->name, "llama");
+    assert_int_equal(r->line, 20);
+    assert_int_equal(r->col, 5);
+    assert_int_equal(r->naliases, 2);
+    assert_string_equal(r->aliases[0], "llama-3");
+    assert_string_equal(r->aliases[1], "meta/llama");
+    assert_int_equal(r->nsettings, 2);
+    assert_string_equal(r->settings[0].key, "session_ttl");
+    assert_string_equal(r->settings[0].value, "600");
+    assert_int_equal(r->settings[0].line, 22);
+    assert_int_equal(r->settings[0].col, 18);
+    assert_string_equal(r->settings[1].key, "policy");
+    assert_string_equal(r->settings[1].value, "cache_aware");
+    assert_int_equal(r->ntargets, 2);
+    assert_string_equal(r->targets[0].worker, "http://127.0.0.1:9001");
+    assert_null(r->targets[0].model);
+    assert_true(r->targets[0].weight == 0);
+    assert_int_equal(r->targets[0].line, 25);
+    assert_int_equal(r->targets[0].col, 9);
+    assert_string_equal(r->targets[1].worker, "gpu2");
+    assert_string_equal(r->targets[1].model, "llama-3-8b");
+    assert_true(r->targets[1].weight == 3);
+    assert_int_equal(r->targets[1].line, 26);
+    assert_int_equal(r->targets[1].col, 9);
+
+    r = &c->routes[1];
+    assert_string_equal(r->name, "qwen");
+    assert_int_equal(r->line, 27);
+    assert_int_equal(r->naliases, 1);
+    assert_string_equal(r->aliases[0], "qwen2");
+    assert_int_equal(r->nsettings, 0);
+    assert_int_equal(r->ntargets, 1);
+    assert_string_equal(r->targets[0].worker, "gpu2");
+    assert_int_equal(r->targets[0].line, 29);
+    assert_int_equal(r->targets[0].col, 15);
+    done(l);
+}
+
+/* Exactly the three problems, each once, in file order, at the offending token. */
+static void three_errors(void **state)
+{
+    (void)state;
+    loaded *l = load("listen:\n"
+                     "  host: 0.0.0.0\n"
+                     "  port: [8080]\n"
+                     "lisen:\n"
+                     "  port: 1\n"
+                     "seed: 1\n"
+                     "seed: 2\n");
+    assert_int_equal(l->rc, -1);
+    assert_int_equal(l->errs.n, 3);
+    assert_error(l, 0, "3:9: port: expected a scalar");
+    assert_error(l, 1, "4:1: unknown key 'lisen' (did you mean 'listen'?)");
+    assert_error(l, 2, "7:1: duplicate key 'seed' (first at line 6)");
+    assert_int_equal(l->c.seed, 1); /* the duplicate is not applied */
+    done(l);
+}
+
+static void bad_values(void **state)
+{
+    (void)state;
+    loaded *l = load("listen: {port: x}\n"
+                     "admin: {port: 70000}\n"
+                     "defaults: {policy: nope, cache_threshold: 2}\n"
+                     "check: true\n"
+                     "config: other.yaml\n"
+                     "worker: http://h\n"
+                     "max-body-bytes: 10\n"
+                     "health_path:\n"
+                     "zzzzzz: 1\n");
+    assert_int_equal(l->rc, -1);
+    assert_int_equal(l->errs.n, 10);
+    assert_error(l, 0, "1:16: port: bad value 'x' (expected an integer in [1, 65535])");
+    assert_error(l, 1, "2:15: port: bad value '70000' (expected an integer in [0, 65535])");
+    char want[512];
+    snprintf(want, sizeof(want), "3:20: policy: unknown policy 'nope' (one of %s)",
+             kvr_policy_names());
+    assert_error(l, 2, want);
+    assert_error(l, 3, "3:43: cache_threshold: bad value '2' (expected a number in [0, 1])");
+    assert_error(l, 4, "4:1: check: only on the command line");
+    assert_error(l, 5, "5:1: config: only on the command line");
+    assert_error(l, 6, "6:1: worker: only on the command line (use `workers:` in a file)");
+    assert_error(l, 7, "7:1: unknown key 'max-body-bytes' (did you mean 'max_body_bytes'?)");
+    assert_error(l, 8, "8:13: health_path: expected a value");
+    assert_error(l, 9, "9:1: unknown key 'zzzzzz'"); /* nothing close: no suggestion */
+    assert_string_equal(l->c.route.policy, "cache_aware"); /* a bad value is not applied */
+    done(l);
+}
+
+static void shapes(void **state)
+{
+    (void)state;
+    loaded *l = load("workers:\n"
+                     "  - {name: a}\n"
+                     "  - [x]\n"
+                     "  - {url: http://h, weight: 0, wieght: 1}\n"
+                     "routes:\n"
+                     "  - targets: [a]\n"
+                     "  - name: m\n"
+                     "    model: n\n"
+                     "  - name: ok\n"
+                     "    aliases: {a: b}\n"
+                     "    targets: [{model: x}, {worker: w, weight: -1}]\n"
+                     "    cache_treshold: 0.5\n"
+                     "  - 7\n");
+    assert_int_equal(l->rc, -1);
+    assert_error(l, 0, "2:5: worker: missing 'url'");
+    assert_error(l, 1, "3:5: workers: expected a URL or a mapping");
+    assert_error(l, 2, "4:29: weight: bad value '0' (expected a number > 0)");
+    assert_error(l, 3, "4:32: unknown key 'wieght' (did you mean 'weight'?)");
+    assert_error(l, 4, "6:5: route: missing 'name' (or 'model')");
+    assert_error(l, 5, "8:12: model: 'n' differs from name 'm' (give one of them)");
+    assert_error(l, 6, "10:14: aliases: expected a name or a list of names");
+    assert_error(l, 7, "11:15: target: missing 'worker'");
+    assert_error(l, 8, "11:47: weight: bad value '-1' (expected a number > 0)");
+    assert_error(l, 9, "12:5: unknown key 'cache_treshold' (did you mean 'cache_threshold'?)");
+    assert_error(l, 10, "13:5: routes: expected a mapping");
+    assert_int_equal(l->errs.n, 11);
+    /* What is kept is well formed: entries without their required key are dropped. */
+    assert_int_equal(l->c.nworkers, 1);
+    assert_string_equal(l->c.workers[0].name, "http://h");
+    assert_int_equal(l->c.nroutes, 1);
+    assert_string_equal(l->c.routes[0].name, "ok");
+    assert_int_equal(l->c.routes[0].ntargets, 1);
+    assert_string_equal(l->c.routes[0].targets[0].worker, "w");
+    done(l);
+
+    l = load("- a\n- b\n");
+    assert_error(l, 0, "1:1: expected a mapping at the top level");
+    done(l);
+    l = load("workers: http://h\nroutes:\nlisten: ~\n");
+    assert_error(l, 0, "1:10: workers: expected a list");
+    assert_error(l, 1, "2:8: routes: expected a value");
+    assert_error(l, 2, "3:9: listen: expected a value");
+    assert_int_equal(l->errs.n, 3);
+    done(l);
+}
+
+static void yaml_values(void **state)
+{
+    (void)state;
+    /* Quoted strings; numbers are read from the text (exactly when they are digits). */
+    loaded *l = load("listen: {host: '::1', port: \"8001\"}\n"
+                     "seed: 18000000000000000001\n"
+                     "discovery_interval: 1e2\n"
+                     "policy: least_load\n"
+                     "---\n"
+                     "port: 1\n");
+    assert_int_equal(l->errs.n, 1);
+    assert_error(l, 0, "6:1: only one YAML document is allowed");
+    assert_string_equal(l->c.host, "::1");
+    assert_int_equal(l->c.port, 8001);
+    assert_true(l->c.seed == 18000000000000000001u);
+    assert_int_equal(l->c.discovery_interval_s, 100);
+    assert_string_equal(l->c.route.policy, "least_load");
+    done(l);
+}
+
+static void syntax_error(void **state)
+{
+    (void)state;
+    loaded *l = load("listen:\n  host: x\n port: 1\n");
+    assert_int_equal(l->rc, -1);
+    assert_int_equal(l->errs.n, 1);
+    assert_error_at(l, 0, "3:2: ");
+    done(l);
+
+    l = load("a: \"unterminated\n");
+    assert_int_equal(l->errs.n, 1);
+    assert_error_at(l, 0, "2:1: ");
+    done(l);
+
+    l = load("seed: \xff\n"); /* not UTF-8: the reader reports a byte offset */
+    assert_int_equal(l->errs.n, 1);
+    assert_error_at(l, 0, "1:7: ");
+    done(l);
+}
+
+static void unreadable_and_empty(void **state)
+{
+    (void)state;
+    kvr_config c;
+    kvr_errlist e = {0};
+    kvr_config_default(&c);
+    assert_int_equal(kvr_config_file_load(&c, "/nonexistent/kvr.yaml", &e), -1);
+    assert_int_equal(e.n, 1);
+    assert_string_equal(e.msg[0], "/nonexistent/kvr.yaml:0:0: cannot read: No such file or directory");
+    kvr_errlist_free(&e);
+    assert_int_equal(kvr_config_file_load(&c, "/tmp", &e), -1);
+    assert_string_equal(e.msg[0], "/tmp:0:0: cannot read: Is a directory");
+    kvr_errlist_free(&e);
+    kvr_config_free(&c);
+
+    const char *const empty[] = {"", "# only a comment\n", "---\n", "~\n"};
+    for (size_t i = 0; i < sizeof(empty) / sizeof(empty[0]); i++) {
+        loaded *l = load(empty[i]);
+        assert_int_equal(l->rc, 0);
+        assert_int_equal(l->errs.n, 0);
+        assert_int_equal(l->c.nworkers, 0);
+        assert_int_equal(l->c.nroutes, 0);
+        assert_int_equal(l->c.port, 8000);
+        done(l);
+    }
+}
+
+/* Errors of an earlier call stay; the result counts only this call's. Workers append. */
+static void appends(void **state)
+{
+    (void)state;
+    loaded *l = load("workers: [http://a, http://b]\n");
+    assert_int_equal(l->rc, 0);
+    kvr_errlist_add(&l->errs, "earlier");
+    assert_int_equal(kvr_config_file_load(&l->c, l->path, &l->errs), 0);
+    assert_int_equal(l->c.nworkers, 4);
+    assert_string_equal(l->c.workers[0].url, "http://a");
+    assert_string_equal(l->c.workers[3].url, "http://b");
+    assert_int_equal(l->errs.n, 1);
+    done(l);
+}
+
+/* Worker lists (the file's and each route's targets) are capped like --worker. */
+static void caps(void **state)
+{
+    (void)state;
+    size_t cap = 64 + 40 * (KVR_MAX_WORKERS + 1);
+    char *yaml = malloc(cap), *p = yaml;
+    p += sprintf(p, "workers:\n");
+    for (int i = 0; i <= KVR_MAX_WORKERS; i++)
+        p += sprintf(p, "  - http://127.0.0.1:%d\n", 10000 + i);
+    loaded *l = load(yaml);
+    free(yaml);
+    assert_int_equal(l->c.nworkers, KVR_MAX_WORKERS);
+    assert_int_equal(l->errs.n, 1);
+    char want[64];
+    snprintf(want, sizeof(want), "%d:5: workers: too many (max %d)", KVR_MAX_WORKERS + 2,
+             KVR_MAX_WORKERS);
+    assert_error(l, 0, want);
+    done(l);
+}
+
+/* A self-referencing alias cannot make the loader loop. */
+static void cyclic_alias(void **state)
+{
+    (void)state;
+    loaded *l = load("routes: &r\n  - name: a\n    targets: *r\n");
+    assert_int_equal(l->rc, -1);
+    /* The route is read again as its own target: wrong keys, reported, and done. */
+    assert_error(l, 0, "2:5: unknown key 'name'");
+    assert_error(l, 1, "3:5: unknown key 'targets'");
+    assert_error(l, 2, "2:5: target: missing 'worker'");
+    assert_int_equal(l->errs.n, 3);
+    assert_int_equal(l->c.nroutes, 1);
+    assert_int_equal(l->c.routes[0].ntargets, 0);
+    done(l);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(full_file),   cmocka_unit_test(three_errors),
+        cmocka_unit_test(bad_values),  cmocka_unit_test(shapes),
+        cmocka_unit_test(yaml_values), cmocka_unit_test(syntax_error),
+        cmocka_unit_test(unreadable_and_empty), cmocka_unit_test(appends),
+        cmocka_unit_test(caps),        cmocka_unit_test(cyclic_alias),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
