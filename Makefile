@@ -18,7 +18,7 @@ BENCH_OBJS := $(BENCH_SRCS:%.c=$(BUILD)/obj/%.o)
 UNIT_BINS  := $(UNIT_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
 PROGS      := $(BUILD)/kvroute $(if $(SIM_SRCS),$(BUILD)/kvroute-sim) $(if $(BENCH_SRCS),$(BUILD)/kvroute-bench)
 
-.PHONY: all asan unit e2e test check clean demo deps
+.PHONY: all asan unit e2e test check clean demo deps fuzz fuzz-build
 all: $(PROGS) $(UNIT_BINS)
 
 $(BUILD)/obj/%.o: %.c
@@ -69,6 +69,27 @@ ASAN_CFLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-
 asan:
 	$(MAKE) BUILD=build-asan CFLAGS="$(ASAN_CFLAGS)" all
 
+# libFuzzer harnesses (fuzz/fuzz_<target>.c, one per parser of outside bytes), built with
+# clang under ASan+UBSan into build-fuzz/ and run for FUZZ_SECONDS each from the seeds in
+# fuzz/corpus/<target>/ (the working corpus grows in build-fuzz/corpus/<target>/).
+FUZZ_SECONDS ?= 30
+FUZZ_CFLAGS := -g -O1 -fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer
+FUZZ_SRCS   := $(wildcard fuzz/fuzz_*.c)
+FUZZ_BINS   := $(FUZZ_SRCS:fuzz/%.c=build-fuzz/%)
+
+ifeq ($(BUILD),build-fuzz)
+$(BUILD)/fuzz_%: fuzz/fuzz_%.c $(BUILD)/libkvr.a
+	$(CC) $(KVR_CFLAGS) -g -O1 -fsanitize=fuzzer,address,undefined -o $@ $^ $(LDLIBS)
+endif
+
+fuzz-build:
+	$(MAKE) BUILD=build-fuzz CC=clang CFLAGS="$(FUZZ_CFLAGS)" $(FUZZ_BINS)
+
+fuzz: fuzz-build
+	@set -e; for b in $(FUZZ_BINS); do t=$${b#build-fuzz/fuzz_}; \
+	  mkdir -p build-fuzz/corpus/$$t; echo "== $$b ($(FUZZ_SECONDS) s)"; \
+	  $$b -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 build-fuzz/corpus/$$t fuzz/corpus/$$t; done
+
 deps:
 	bash scripts/install-deps.sh
 
@@ -76,6 +97,6 @@ demo: deps all
 	bash scripts/demo.sh
 
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-fuzz
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 PKGS=(
-  build-essential pkg-config
+  build-essential pkg-config clang
   libuv1-dev libhttp-parser-dev libcurl4-openssl-dev libjansson-dev libyaml-dev
   libzmq3-dev libmsgpack-dev libxxhash-dev libcmocka-dev
   python3 python3-pytest python3-httpx python3-zmq python3-msgpack
