@@ -1,4 +1,5 @@
 /* kvroute: flags and config → start the loop. */
+#include <malloc.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <stdio.h>
@@ -20,7 +21,7 @@
 
 static kvr_app g_app;
 static uv_signal_t g_sigterm, g_sigint, g_sighup;
-static uv_timer_t g_drain_timer, g_sweep_timer;
+static uv_timer_t g_drain_timer, g_sweep_timer, g_breaker_timer;
 static kvr_http_server *g_admin;
 static uint64_t g_drain_deadline_ms;
 static int g_requests_ended;
@@ -39,6 +40,8 @@ static void shutdown_all(void)
     uv_close((uv_handle_t *)&g_drain_timer, NULL);
     uv_timer_stop(&g_sweep_timer);
     uv_close((uv_handle_t *)&g_sweep_timer, NULL);
+    uv_timer_stop(&g_breaker_timer);
+    uv_close((uv_handle_t *)&g_breaker_timer, NULL);
     kvr_scrape_stop();
     kvr_discovery_stop();
     if (g_admin)
@@ -80,6 +83,12 @@ static void sweep_tick(uv_timer_t *t)
     (void)t;
     for (size_t i = 0; i < g_app.routes->n; i++)
         kvr_route_sweep(g_app.routes->routes[i], 10000);
+}
+
+static void breaker_tick(uv_timer_t *t)
+{
+    (void)t;
+    kvr_app_breaker_tick(&g_app);
 }
 
 static void on_sighup(uv_signal_t *s, int signum)
@@ -160,6 +169,10 @@ int main(int argc, char **argv)
         return 2;
     }
     signal(SIGPIPE, SIG_IGN);
+    /* Request bodies of many MiB come and go: a fixed mmap threshold makes every large buffer
+     * its own mapping, returned to the OS when freed, so RSS follows the bodies actually held
+     * (glibc's dynamic threshold would otherwise grow and keep them in the heap). */
+    mallopt(M_MMAP_THRESHOLD, 256 * 1024);
     /* Each client connection can hold a worker connection too: raise the soft fd limit to the
      * hard one, as nginx's worker_rlimit_nofile does, and say when the cap cannot be met. */
     struct rlimit rl;
@@ -203,6 +216,9 @@ int main(int argc, char **argv)
     }
     uv_timer_init(app->loop, &g_sweep_timer);
     uv_timer_start(&g_sweep_timer, sweep_tick, 1000, 1000);
+    /* An open breaker turns half-open within 50 ms of its cooldown. */
+    uv_timer_init(app->loop, &g_breaker_timer);
+    uv_timer_start(&g_breaker_timer, breaker_tick, 50, 50);
     kvr_scrape_start(&app->wctx);
     kvr_discovery_start(&app->wctx);
     uv_signal_init(app->loop, &g_sigterm);

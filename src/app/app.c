@@ -4,7 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "workers/health.h"
+#include "util/log.h"
+#include "util/time.h"
 
 static const double latency_bounds[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                                         1,     2.5,  5,     10,   30,  60,  120, 300};
@@ -43,7 +44,7 @@ static void refresh_departed(kvr_app *app)
         /* Re-added under the same URL meanwhile: its series are the new worker's. */
         if (!kvr_registry_find_url(app->reg, w->url)) {
             kvr_metric *per_worker[] = {app->m.inflight, app->m.healthy, app->m.queue,
-                                        app->m.kv_usage};
+                                        app->m.kv_usage, app->m.breaker_state};
             for (size_t m = 0; m < sizeof(per_worker) / sizeof(per_worker[0]); m++)
                 kvr_metric_remove_matching(per_worker[m], "worker", w->url);
         }
@@ -72,6 +73,7 @@ static void refresh_workers(void *ud)
         const char *lv[] = {w->url};
         kvr_metric_set(app->m.inflight, lv, (double)w->inflight);
         kvr_metric_set(app->m.healthy, lv, w->healthy);
+        kvr_metric_set(app->m.breaker_state, lv, (double)w->breaker.state);
     }
 }
 
@@ -146,12 +148,67 @@ void kvr_app_metrics_init(kvr_app *app)
     m->generation = kvr_metrics_gauge(r, "kvroute_config_generation",
                                       "Configurations applied since start (+1 per reload)", 0,
                                       NULL);
+    m->breaker_state = kvr_metrics_gauge(r, "kvroute_worker_breaker_state",
+                                         "Circuit breaker state: 0 closed, 1 open, 2 half_open",
+                                         1, w);
+    const char *ws[] = {"worker", "state"};
+    m->breaker_transitions = kvr_metrics_counter(r, "kvroute_breaker_transitions_total",
+                                                 "Circuit breaker transitions, by the state "
+                                                 "entered",
+                                                 2, ws);
+    m->retries = kvr_metrics_counter(r, "kvroute_retries_total",
+                                     "Requests retried on another worker, by the failure that "
+                                     "caused it",
+                                     2, mr);
     /* Both results exist from the start, so rate() and alerts see a 0 before the first. */
     const char *ok[] = {"ok"}, *error[] = {"error"};
     kvr_metric_inc(m->reloads, ok, 0);
     kvr_metric_inc(m->reloads, error, 0);
     kvr_metrics_add_process(r);
     kvr_metrics_on_render(r, refresh_workers, app);
+}
+
+static void breaker_changed(kvr_app *app, kvr_worker *w, int entered)
+{
+    if (entered < 0)
+        return;
+    const char *name = kvr_breaker_state_name((kvr_breaker_state)entered);
+    const char *lv[] = {w->url, name}, *lw[] = {w->url};
+    kvr_metric_inc(app->m.breaker_transitions, lv, 1);
+    kvr_metric_set(app->m.breaker_state, lw, entered);
+    if (entered == KVR_BREAKER_OPEN)
+        KVR_WARN("msg=\"circuit breaker open\" worker=%s cooldown_ms=%llu", w->url,
+                 (unsigned long long)w->breaker.cooldown_ms);
+    else
+        KVR_INFO("msg=\"circuit breaker %s\" worker=%s", name, w->url);
+}
+
+int kvr_app_attempt_start(kvr_app *app, kvr_worker *w)
+{
+    (void)app;
+    return kvr_breaker_on_start(&w->breaker);
+}
+
+void kvr_app_attempt_verdict(kvr_app *app, kvr_worker *w, int failure, int trial)
+{
+    breaker_changed(app, w,
+                    kvr_breaker_on_result(&w->breaker, &app->cfg.breaker, failure, trial,
+                                          kvr_now_ms()));
+}
+
+void kvr_app_attempt_abandon(kvr_app *app, kvr_worker *w, int trial)
+{
+    (void)app;
+    kvr_breaker_on_abandon(&w->breaker, trial);
+}
+
+void kvr_app_breaker_tick(kvr_app *app)
+{
+    uint64_t now = kvr_now_ms();
+    for (size_t i = 0; i < kvr_registry_count(app->reg); i++) {
+        kvr_worker *w = kvr_registry_at(app->reg, i);
+        breaker_changed(app, w, kvr_breaker_tick(&w->breaker, now));
+    }
 }
 
 kvr_route *kvr_app_route(kvr_app *app, const char *model)
@@ -165,7 +222,7 @@ void kvr_app_forget_worker(kvr_app *app, kvr_worker *w)
         kvr_route_forget_worker(app->routes->routes[i], w);
 }
 
-static void on_worker_down(void *ud, kvr_worker *w)
+static void on_worker_forget(void *ud, kvr_worker *w)
 {
     kvr_app_forget_worker(ud, w);
 }
@@ -184,12 +241,15 @@ void kvr_app_workers_ctx_init(kvr_app *app)
         .reg = app->reg,
         .health_interval_ms = app->cfg.health_interval_ms,
         .health_path = app->cfg.health_path,
+        .unhealthy_threshold = app->cfg.unhealthy_threshold,
+        .healthy_threshold = app->cfg.healthy_threshold,
+        .forget_after_ms = app->cfg.forget_after_ms,
         .scrape_interval_s = app->cfg.scrape_interval_s,
         .discovery_interval_s = app->cfg.discovery_interval_s,
         .discover = app->discovering,
         .queue = app->m.queue,
         .kv_usage = app->m.kv_usage,
-        .on_down = on_worker_down,
+        .on_forget = on_worker_forget,
         .on_models = on_worker_models,
         .ud = app,
     };

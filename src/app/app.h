@@ -36,6 +36,9 @@ typedef struct kvr_app_metrics {
     kvr_metric *queue;             /**< kvroute_worker_queue{worker} (scraped) */
     kvr_metric *kv_usage;          /**< kvroute_worker_kv_usage{worker} (scraped) */
     kvr_metric *reloads;           /**< kvroute_config_reloads_total{result} */
+    kvr_metric *breaker_state;     /**< kvroute_worker_breaker_state{worker} (0, 1, 2) */
+    kvr_metric *breaker_transitions; /**< kvroute_breaker_transitions_total{worker,state} */
+    kvr_metric *retries;           /**< kvroute_retries_total{model,reason} */
     kvr_metric *generation;        /**< kvroute_config_generation */
 } kvr_app_metrics;
 
@@ -97,6 +100,18 @@ void kvr_app_forget_worker(kvr_app *app, kvr_worker *w);
  *  kvroute_worker_inflight series follows them to 0 and then disappears with its other
  *  per-worker gauges. */
 void kvr_app_depart(kvr_app *app, kvr_worker *w);
+
+/** An upstream attempt starts on `w` (after kvr_worker_acquire). Returns 1 when it is the
+ *  circuit breaker's half-open trial (give that back with the verdict), else 0. */
+int kvr_app_attempt_start(kvr_app *app, kvr_worker *w);
+/** The attempt's verdict for `w`'s circuit breaker (`failure`: connect error or timeout,
+ *  first-byte timeout, cut before the response ended, 5xx, stalled stream; 0 for anything
+ *  else, 4xx included). Counts and logs the transitions. */
+void kvr_app_attempt_verdict(kvr_app *app, kvr_worker *w, int failure, int trial);
+/** The attempt ended with no verdict (client abort, shutdown): frees a trial's slot. */
+void kvr_app_attempt_abandon(kvr_app *app, kvr_worker *w, int trial);
+/** Moves open breakers whose cooldown passed to half_open (call periodically). */
+void kvr_app_breaker_tick(kvr_app *app);
 
 /** Sets up app->wctx from the configuration (after reg, up and metrics exist). */
 void kvr_app_workers_ctx_init(kvr_app *app);

@@ -68,6 +68,22 @@ static const kvr_flag flags[] = {
     FL("health-interval-ms", U64, health_interval_ms, 0, 3600000,
       "active health check period (0 = off)"),
     FL("health-path", STR, health_path, 0, 0, "worker health check path"),
+    FL("unhealthy-threshold", U32, unhealthy_threshold, 1, 1000,
+       "failed health checks in a row that make a worker unhealthy"),
+    FL("healthy-threshold", U32, healthy_threshold, 1, 1000,
+       "passed health checks in a row that make it healthy again"),
+    FL("forget-after-ms", U64, forget_after_ms, 0, 1e10,
+       "a worker down this long loses its sessions, index entries and pins"),
+    FL("breaker-failures", U32, breaker.failures, 0, 1e6,
+       "consecutive failures that open a worker's circuit breaker (0 = never)"),
+    FL("breaker-cooldown-ms", U64, breaker.cooldown_ms, 1, 1e9,
+       "how long an open breaker keeps the worker out before one trial request"),
+    FL("breaker-max-cooldown-ms", U64, breaker.max_cooldown_ms, 1, 1e10,
+       "cap of the cooldown, doubled on every re-open"),
+    FL("max-retries", U32, max_retries, 0, 15,
+       "further attempts on untried workers for a request that failed before any byte"),
+    FL("retry-budget", DOUBLE, retry_budget, 0, 100,
+       "retries may add this share of a route's requests over 10 s (plus 3 per second)"),
     FL("scrape-interval", U64, scrape_interval_s, 0, 3600,
       "seconds between worker /metrics scrapes (0 = off)"),
     FL("retry-after", U64, retry_after_s, 0, 3600, "Retry-After seconds on 503"),
@@ -169,6 +185,12 @@ void kvr_config_default(kvr_config *c)
     c->drain_timeout_s = 30;
     c->health_interval_ms = 2000;
     c->health_path = "/health";
+    c->unhealthy_threshold = 2;
+    c->healthy_threshold = 2;
+    c->forget_after_ms = 30000;
+    c->breaker = (kvr_breaker_cfg){.failures = 5, .cooldown_ms = 5000, .max_cooldown_ms = 60000};
+    c->max_retries = 2;
+    c->retry_budget = 0.2;
     c->scrape_interval_s = 5;
     c->retry_after_s = 1;
     c->log_level = "info";
@@ -377,6 +399,8 @@ int kvr_config_load(kvr_config *c, int argc, char **argv, kvr_errlist *errs)
     check_workers(c, errs);
     check_names(c, errs);
     resolve_routes(c, errs);
+    if (c->breaker.max_cooldown_ms < c->breaker.cooldown_ms)
+        kvr_errlist_add(errs, "--breaker-max-cooldown-ms must be >= --breaker-cooldown-ms");
     if (c->nroutes && c->model)
         kvr_errlist_add(errs, "--model/model cannot be combined with routes in the file");
     return errs->n > before ? -1 : 0;

@@ -12,6 +12,7 @@
 #include "upstream/upstream.h"
 #include "util/errlist.h"
 #include "util/flags.h"
+#include "workers/breaker.h"
 
 #define KVR_MAX_WORKERS 256
 
@@ -84,6 +85,19 @@ typedef struct kvr_config {
                                         admin.token_file */
     uint64_t drain_timeout_s;      /**< --drain-timeout, seconds (30) */
     uint64_t health_interval_ms;   /**< --health-interval-ms (2000; 0 = off) */
+    uint32_t unhealthy_threshold;  /**< --unhealthy-threshold: failed checks in a row that make
+                                        a worker unhealthy (2) */
+    uint32_t healthy_threshold;    /**< --healthy-threshold: passed checks in a row that make
+                                        it healthy again (2) */
+    uint64_t forget_after_ms;      /**< --forget-after-ms: a worker down (unhealthy or
+                                        unreachable) this long loses what was learned about
+                                        it (30000); a restart (process_start_time_seconds
+                                        changed) loses it at once */
+    kvr_breaker_cfg breaker;       /**< --breaker-failures (5), --breaker-cooldown-ms (5000),
+                                        --breaker-max-cooldown-ms (60000) */
+    uint32_t max_retries;          /**< --max-retries: further attempts on untried workers (2) */
+    double retry_budget;           /**< --retry-budget: retries may add this share of a route's
+                                        requests over the last 10 s, plus 3 per second (0.2) */
     const char *health_path;       /**< --health-path (/health, vLLM's) */
     uint64_t scrape_interval_s;    /**< --scrape-interval, seconds (5; 0 = off) */
     uint64_t retry_after_s;        /**< --retry-after, seconds in 503 Retry-After (1) */

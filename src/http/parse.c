@@ -3,8 +3,9 @@
  * and only turned into pointers once the headers are complete. The parser is paused in
  * on_message_complete so the bytes after a request (pipelining) stay with the connection.
  *
- * Two checks http_parser's non-strict build skips are added here: header-name bytes must be
- * tchar (it accepts "Content-Length : 2"), and the two bytes after each chunk's data must be
+ * Three checks http_parser's non-strict build skips are added here: header-name bytes must be
+ * tchar (it accepts "Content-Length : 2"), a header value's first byte must not be a control
+ * byte (it checks only the bytes after it), and the two bytes after each chunk's data must be
  * CRLF (it consumes any two bytes there). */
 #include <stdlib.h>
 #include <string.h>
@@ -207,6 +208,12 @@ static int on_header_value(http_parser *p, const char *at, size_t len)
         return trailer_bytes(c, len);
     kvr_http_hoff *h = &r->offs[r->nhdrs - 1];
     if (c->hs == 1) {
+        /* http_parser checks every value byte except the first (2.9.4 s_header_value_start
+         * takes it unchecked), so "X: \0..." or "X: \x7f" would reach the handler and the
+         * upstream; this call's first byte is the value's first byte. */
+        unsigned char ch = len ? (unsigned char)at[0] : ' ';
+        if ((ch < 0x20 && ch != '\t') || ch == 0x7f)
+            return fail(c, 400, "invalid character in a header value");
         if (kvr_buf_append(&r->hbuf, "", 1) < 0)
             return oom(c);
         h->value_off = (uint32_t)r->hbuf.len;

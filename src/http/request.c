@@ -31,6 +31,13 @@ const char *kvr_http_req_body(const kvr_http_req *r, size_t *len)
     return r->body.data ? r->body.data : "";
 }
 
+void kvr_http_req_release_body(kvr_http_req *r)
+{
+    if (r->conn && r->conn->srv)
+        r->conn->srv->body_total -= r->body.len;
+    kvr_buf_free(&r->body);
+}
+
 size_t kvr_http_req_header_count(const kvr_http_req *r)
 {
     return r->nhdrs;

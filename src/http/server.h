@@ -101,6 +101,10 @@ const char *kvr_http_req_target(const kvr_http_req *r);
 int kvr_http_req_minor_version(const kvr_http_req *r);
 /** The body bytes (NUL-terminated for convenience, not counted in `*len`). */
 const char *kvr_http_req_body(const kvr_http_req *r, size_t *len);
+/** Frees the body now (it then reads as empty) and returns its bytes to the
+ *  max_total_body_bytes budget: for a handler that no longer needs it while the response is
+ *  still running (a proxied request once its worker answered). */
+void kvr_http_req_release_body(kvr_http_req *r);
 /** Number of headers and header i (0-based), in the order received; names as sent. */
 size_t kvr_http_req_header_count(const kvr_http_req *r);
 const kvr_http_header *kvr_http_req_header_at(const kvr_http_req *r, size_t i);

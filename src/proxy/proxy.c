@@ -22,7 +22,7 @@
 
 #define MAX_FWD_HEADERS 128
 #define URL_CAP 2048
-#define MAX_ATTEMPTS 3            /* connect failures are retried on other workers */
+#define MAX_ATTEMPTS 16           /* 1 + the largest --max-retries */
 #define SSE_HOLD_CAP (1u << 20)   /* an SSE event longer than this is relayed unheld */
 
 typedef struct preq {
@@ -49,6 +49,10 @@ typedef struct preq {
     int paused;           /* on_body refused bytes: waiting for on_drain */
     int got_body;         /* first body byte seen (TTFT taken) */
     int counted;          /* the decision label was counted (once per request) */
+    int trial;            /* the current attempt is its worker's half-open breaker trial */
+    int verdict;          /* the current attempt's breaker verdict was given */
+    int body_pending;     /* the response is relayed: free the body once it is all sent */
+    char attempts[8];     /* x-kvroute-attempts */
     size_t tried[MAX_ATTEMPTS]; /* worker ids already attempted */
     size_t ntried;
     kvr_buf held;         /* SSE: bytes of an event not yet complete, relayed when it is */
@@ -146,6 +150,7 @@ static void on_client_gone(void *ud)
     count_decision(p);
     if (p->att) {
         kvr_upstream_cancel(p->att);
+        kvr_app_attempt_abandon(p->app, p->w, p->trial);
         attempt_ended(p, p->status);
     }
     const char *lv[] = {p->model, kvr_http_req_path(p->req)};
@@ -177,10 +182,42 @@ static int64_t parse_content_length(const char *v, size_t n)
     return x;
 }
 
+static int retry_elsewhere(preq *p, const char *reason);
+static void give_verdict(preq *p, int failure);
+static void release_body(preq *p);
+
+/* 500/502/503/504 say the worker failed this request, not that the request is wrong. */
+static int retryable_status(int status)
+{
+    return status == 500 || status == 502 || status == 503 || status == 504;
+}
+
 static void on_headers(void *ud, int status, const kvr_http_header *h, size_t n)
 {
     preq *p = ud;
     p->status = status;
+    if (status >= 500)
+        give_verdict(p, 1);
+    if (retryable_status(status)) {
+        /* Nothing reached the client yet: try another worker, relaying this answer only
+         * when none is left. The attempt is cancelled from inside its own callback (allowed). */
+        char reason[24], c[24];
+        snprintf(reason, sizeof(reason), "http_%d", status);
+        snprintf(c, sizeof(c), "%d", status);
+        kvr_upstream_attempt *att = p->att;
+        kvr_worker *w = p->w;
+        kvr_app *app = p->app;
+        /* On -1 the request was answered and freed: only the saved pointers are used below. */
+        if (retry_elsewhere(p, reason) != 0) {
+            KVR_INFO("msg=\"worker failed: retried elsewhere\" worker=%s status=%d", w->url,
+                     status);
+            kvr_upstream_cancel(att);
+            const char *lv[] = {w->url, c};
+            kvr_metric_inc(app->m.worker_requests, lv, 1);
+            kvr_worker_release(w);
+            return;
+        }
+    }
     kvr_http_header out[MAX_FWD_HEADERS + 4];
     size_t k = 0;
     int64_t clen = -1;
@@ -210,6 +247,8 @@ static void on_headers(void *ud, int status, const kvr_http_header *h, size_t n)
     out[k++] = (kvr_http_header){"x-kvroute-decision", 18, p->pick.decision,
                                  strlen(p->pick.decision)};
     out[k++] = (kvr_http_header){"x-request-id", 12, p->request_id, strlen(p->request_id)};
+    snprintf(p->attempts, sizeof(p->attempts), "%zu", p->ntried);
+    out[k++] = (kvr_http_header){"x-kvroute-attempts", 18, p->attempts, strlen(p->attempts)};
     if (p->pick.match >= 0) {
         snprintf(p->match, sizeof(p->match), "%.2f", p->pick.match);
         out[k++] = (kvr_http_header){"x-kvroute-match", 15, p->match, strlen(p->match)};
@@ -224,6 +263,9 @@ static void on_headers(void *ud, int status, const kvr_http_header *h, size_t n)
     if (ok)
         kvr_route_teach(p->route, p->w, &p->keys.k);
     kvr_request_keys_free(&p->keys);
+    /* No further attempt can need the body now (DESIGN §11): free it as soon as it is sent. */
+    p->body_pending = 1;
+    release_body(p);
 }
 
 /* The byte `back` positions before data[i] in the stream held + data, or 0 before its start. */
@@ -268,6 +310,8 @@ static void relay_sse(preq *p, const char *data, size_t len)
 static int on_body(void *ud, const char *data, size_t len)
 {
     preq *p = ud;
+    if (p->body_pending)
+        release_body(p);
     if (!p->got_body) {
         p->got_body = 1;
         const char *lv[] = {p->model, kvr_http_req_path(p->req)};
@@ -306,12 +350,14 @@ static void fail_before_headers(preq *p, kvr_upstream_err err, const char *msg)
 {
     char text[512];
     failure_text(p, err, msg, text, sizeof(text));
+    snprintf(p->attempts, sizeof(p->attempts), "%zu", p->ntried);
     kvr_http_header hs[] = {
         {"x-kvroute-worker", 16, p->w->url, strlen(p->w->url)},
         {"x-kvroute-decision", 18, p->pick.decision, strlen(p->pick.decision)},
         {"x-request-id", 12, p->request_id, strlen(p->request_id)},
+        {"x-kvroute-attempts", 18, p->attempts, strlen(p->attempts)},
     };
-    kvr_reply_error(p->app, p->req, p->model, 502, text, NULL, "upstream_error", hs, 3);
+    kvr_reply_error(p->app, p->req, p->model, 502, text, NULL, "upstream_error", hs, 4);
     preq_free(p);
 }
 
@@ -339,33 +385,70 @@ static void end_after_headers(preq *p, int status, const char *text, const char 
 
 static int start_attempt(preq *p);
 
-/* Picks again among eligible workers not tried yet. Returns 1 when a new attempt started, 0
- * when there was none to try, -1 when starting one failed (the request is answered and freed). */
-static int retry_elsewhere(preq *p)
+static void give_verdict(preq *p, int failure)
 {
-    if (p->ntried >= MAX_ATTEMPTS ||
-        kvr_route_pick(p->route, p->tried, p->ntried, &p->keys.k, p->pin, p->pin_len, &p->pick,
-                       &p->target) < 0)
+    if (p->verdict)
+        return;
+    p->verdict = 1;
+    kvr_app_attempt_verdict(p->app, p->w, failure, p->trial);
+}
+
+static void release_body(preq *p)
+{
+    size_t len;
+    kvr_http_req_body(p->req, &len);
+    if (p->att && p->body_rw.len ? !kvr_upstream_body_sent(p->att, p->body_rw.len)
+                                  : p->att && !kvr_upstream_body_sent(p->att, len))
+        return;
+    p->body_pending = 0;
+    kvr_http_req_release_body(p->req);
+    kvr_buf_free(&p->body_rw);
+}
+
+/* Picks again among eligible workers not tried yet, within the attempt cap and the route's
+ * retry budget. Returns 1 when a new attempt started, 0 when there was none to try (nothing
+ * changed), -1 when starting one failed (the request is answered and freed). */
+static int retry_elsewhere(preq *p, const char *reason)
+{
+    kvr_pick pick;
+    const kvr_route_target *target;
+    if (p->ntried >= (size_t)p->app->cfg.max_retries + 1 || p->ntried >= MAX_ATTEMPTS ||
+        kvr_route_pick(p->route, p->tried, p->ntried, &p->keys.k, p->pin, p->pin_len, &pick,
+                       &target) < 0 ||
+        !kvr_route_retry_allowed(p->route, p->app->cfg.retry_budget, kvr_now_ms()))
         return 0;
+    const char *lv[] = {p->model, reason};
+    kvr_metric_inc(p->app->m.retries, lv, 1);
+    p->pick = pick;
+    p->target = target;
+    p->status = 0;
+    p->sse = 0;
     return start_attempt(p) ? 1 : -1;
+}
+
+/* Failures before any response byte that another worker may safely take over. */
+static int retryable_error(kvr_upstream_err err)
+{
+    return err == KVR_UP_CONNECT || err == KVR_UP_CONNECT_TIMEOUT ||
+           err == KVR_UP_FIRST_BYTE_TIMEOUT || err == KVR_UP_RESET || err == KVR_UP_PROTOCOL;
 }
 
 static void on_done(void *ud, kvr_upstream_err err, const char *msg, int got_headers)
 {
     preq *p = ud;
     kvr_app *app = p->app;
+    give_verdict(p, err != KVR_UP_OK || p->status >= 500);
     attempt_ended(p, got_headers ? p->status : 0);
-    if (err != KVR_UP_OK && !got_headers &&
-        (err == KVR_UP_CONNECT || err == KVR_UP_CONNECT_TIMEOUT)) {
-        /* Nothing reached the worker, so another one may safely take the request; and the
-         * worker is down now, not at the next health check: a dead worker has no in-flight
-         * load and would otherwise attract every least-loaded decision. */
+    if (err != KVR_UP_OK && !got_headers && retryable_error(err)) {
         count_error(p, err);
-        KVR_WARN("msg=\"worker unreachable\" worker=%s kind=%s detail=\"%s\" request_id=%s",
-                 p->w->url, kvr_upstream_err_name(err), msg ? msg : "", p->request_id);
-        if (app->cfg.health_interval_ms)
-            kvr_health_mark_down(&app->wctx, p->w);
-        if (retry_elsewhere(p) != 0)
+        KVR_WARN("msg=\"worker failed before answering\" worker=%s kind=%s detail=\"%s\" "
+                 "request_id=%s attempt=%zu",
+                 p->w->url, kvr_upstream_err_name(err), msg ? msg : "", p->request_id,
+                 p->ntried);
+        if (err == KVR_UP_CONNECT)
+            kvr_health_mark_down(&app->wctx, p->w, kvr_now_ms());
+        int rc = retry_elsewhere(p, kvr_upstream_err_name(err));
+        if (rc != 0)
             return;
         count_decision(p);
         fail_before_headers(p, err, msg);
@@ -458,6 +541,7 @@ void kvr_proxy_forward(kvr_app *app, kvr_http_req *r, kvr_endpoint ep, kvr_route
     p->ep = ep;
     preq_link(p);
     set_request_id(p);
+    kvr_route_count_request(route, kvr_now_ms());
     if (kvr_route_pick(route, NULL, 0, &p->keys.k, p->pin, p->pin_len, &p->pick, &p->target) <
         0) {
         no_eligible(p);
@@ -513,9 +597,12 @@ static int start_attempt(preq *p)
         return 0;
     }
     kvr_worker_acquire(p->w);
+    p->trial = kvr_app_attempt_start(p->app, p->w);
+    p->verdict = 0;
     p->att = kvr_upstream_start(p->app->up, "POST", p->url, p->fwd, p->nfwd, body, blen,
                                 &upstream_cbs, p);
     if (!p->att) {
+        kvr_app_attempt_abandon(p->app, p->w, p->trial);
         kvr_worker_release(p->w);
         count_error(p, KVR_UP_OTHER);
         count_decision(p);
@@ -537,6 +624,7 @@ size_t kvr_proxy_shutdown(kvr_app *app)
         n++;
         if (p->att) {
             kvr_upstream_cancel(p->att);
+            kvr_app_attempt_abandon(app, p->w, p->trial);
             attempt_ended(p, p->status);
         }
         count_decision(p);

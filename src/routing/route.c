@@ -8,9 +8,15 @@
 #include "util/time.h"
 #include "workers/registry.h"
 
+#define BUDGET_SLOTS 10      /* one-second slots: the retry budget's 10 s window */
+#define BUDGET_FREE_PER_S 3  /* retries always allowed per second, whatever the traffic */
+
 /* What a route learned, shared by the successive versions of one route across reloads. */
 struct kvr_route_state {
     int refs;
+    uint64_t slot_sec[BUDGET_SLOTS]; /* which second each slot counts */
+    uint32_t slot_requests[BUDGET_SLOTS];
+    uint32_t slot_retries[BUDGET_SLOTS];
     const kvr_policy_ops *ops;
     void *policy;
     kvr_policy_cfg cfg;
@@ -266,6 +272,39 @@ void kvr_route_worker_stats(kvr_route *r, const kvr_worker *w, kvr_policy_worker
     memset(out, 0, sizeof(*out));
     if (r->ops->worker_stats)
         r->ops->worker_stats(r->state->policy, w->id, out);
+}
+
+static size_t budget_slot(kvr_route_state *s, uint64_t now_ms)
+{
+    uint64_t sec = now_ms / 1000;
+    size_t i = (size_t)(sec % BUDGET_SLOTS);
+    if (s->slot_sec[i] != sec) {
+        s->slot_sec[i] = sec;
+        s->slot_requests[i] = s->slot_retries[i] = 0;
+    }
+    return i;
+}
+
+void kvr_route_count_request(kvr_route *r, uint64_t now_ms)
+{
+    r->state->slot_requests[budget_slot(r->state, now_ms)]++;
+}
+
+int kvr_route_retry_allowed(kvr_route *r, double share, uint64_t now_ms)
+{
+    kvr_route_state *s = r->state;
+    size_t cur = budget_slot(s, now_ms);
+    uint64_t sec = now_ms / 1000;
+    double requests = 0, retries = 0;
+    for (size_t i = 0; i < BUDGET_SLOTS; i++)
+        if (s->slot_sec[i] + BUDGET_SLOTS > sec) {
+            requests += s->slot_requests[i];
+            retries += s->slot_retries[i];
+        }
+    if (retries >= share * requests + BUDGET_FREE_PER_S * BUDGET_SLOTS)
+        return 0;
+    s->slot_retries[cur]++;
+    return 1;
 }
 
 kvr_route_table *kvr_route_table_new(void)

@@ -111,6 +111,12 @@ void kvr_route_stats(kvr_route *r, kvr_policy_stats *out);
 /** What the route learned about `w` (zeros when nothing). */
 void kvr_route_worker_stats(kvr_route *r, const kvr_worker *w, kvr_policy_worker_stats *out);
 
+/** Retry budget (DESIGN §11: retries stop storms). Counts one client request of the route. */
+void kvr_route_count_request(kvr_route *r, uint64_t now_ms);
+/** 1 when one more retry fits: retries over the last 10 s stay below `share` × the route's
+ *  requests over the same 10 s, plus 3 per second (30); the retry is then counted. */
+int kvr_route_retry_allowed(kvr_route *r, double share, uint64_t now_ms);
+
 /** A set of routes looked up by public name or alias. */
 typedef struct kvr_route_table {
     kvr_route **routes;  /**< one reference each */

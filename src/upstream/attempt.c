@@ -512,3 +512,11 @@ void kvr_up__attempt_destroy(kvr_upstream_attempt *a)
     a->nodes = NULL;
     uv_close((uv_handle_t *)&a->timer, attempt_closed);
 }
+
+int kvr_upstream_body_sent(kvr_upstream_attempt *a, size_t len)
+{
+    curl_off_t up = 0;
+    if (curl_easy_getinfo(a->easy, CURLINFO_SIZE_UPLOAD_T, &up) != CURLE_OK)
+        return 0;
+    return up >= 0 && (size_t)up >= len;
+}

@@ -83,6 +83,9 @@ void kvr_upstream_resume(kvr_upstream_attempt *a);
  *  stops) and frees the attempt; no callback runs after this returns. Safe to call from
  *  inside this attempt's callbacks. */
 void kvr_upstream_cancel(kvr_upstream_attempt *a);
+/** 1 when the whole request body of `len` bytes has been sent, so the caller may free it
+ *  before the attempt ends (a worker may answer before reading all of it: then 0). */
+int kvr_upstream_body_sent(kvr_upstream_attempt *a, size_t len);
 /** Number of attempts in progress. */
 size_t kvr_upstream_active(const kvr_upstream *u);
 

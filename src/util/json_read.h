@@ -13,7 +13,10 @@
  * JSON_ALLOW_NUL), integers that fit json_int_t (else an error, as jansson), reals via strtod
  * (overflow is an error), duplicate keys keep the last value, nesting depth at most 2048
  * (jansson's JSON_PARSER_MAX_DEPTH), nothing but whitespace after the value. Error messages
- * differ from jansson's wording. */
+ * differ from jansson's wording. One exception, a jansson bug (found by fuzz/fuzz_keys.c):
+ * jansson 2.14 skips a single NUL byte right after a number or a true/false/null literal (the
+ * lexer reads one byte past the token and ungets it, and its stream takes a NUL in its buffer
+ * for "empty"), so it accepts "[1\0]" as [1]; this reader rejects that, as RFC 8259 does. */
 #ifndef KVR_UTIL_JSON_READ_H
 #define KVR_UTIL_JSON_READ_H
 #include <jansson.h>

@@ -16,14 +16,18 @@ typedef struct kvr_workers_ctx {
     kvr_upstream *up;
     kvr_registry *reg;
     uint64_t health_interval_ms;   /**< active checks (0 = off) */
+    uint32_t unhealthy_threshold;  /**< failed checks in a row → unhealthy */
+    uint32_t healthy_threshold;    /**< passed checks in a row → healthy */
+    uint64_t forget_after_ms;      /**< down this long → on_forget */
     const char *health_path;       /**< e.g. "/health" (borrowed) */
     uint64_t scrape_interval_s;    /**< /metrics reads (0 = off) */
     uint64_t discovery_interval_s; /**< /v1/models reads when `discover` is set */
     int discover;                  /**< 1: read every worker's /v1/models (routes from them) */
     kvr_metric *queue;             /**< kvroute_worker_queue{worker} */
     kvr_metric *kv_usage;          /**< kvroute_worker_kv_usage{worker} */
-    /** A worker went down (failed check or unreachable): forget what was learned about it. */
-    void (*on_down)(void *ud, kvr_worker *w);
+    /** A worker lost its cache (down longer than forget_after_ms, or restarted): forget what
+     *  was learned about it. */
+    void (*on_forget)(void *ud, kvr_worker *w);
     /** A worker's /v1/models list changed (kvr_worker_set_models returned 1). */
     void (*on_models)(void *ud, kvr_worker *w);
     void *ud;

@@ -79,6 +79,7 @@ kvr_worker *kvr_registry_add(kvr_registry *r, const char *url, const char *name,
     w->healthy = 1;
     w->queue = w->running = w->kv_usage = -1;
     w->kv_tokens = -1;
+    w->start_time = -1;
     r->w[r->n++] = w;
     return w;
 }

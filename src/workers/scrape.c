@@ -36,6 +36,8 @@ static void on_sample(void *ud, const kvr_prom_sample *s)
                strcmp(s->name, "vllm:gpu_cache_usage_perc") == 0) {
         if (s->value > r->kv_usage)
             r->kv_usage = s->value;
+    } else if (strcmp(s->name, "process_start_time_seconds") == 0) {
+        r->start_time = s->value;
     } else if (strcmp(s->name, "vllm:cache_config_info") == 0) {
         const char *nb = label(s, "num_gpu_blocks"), *bs = label(s, "block_size");
         if (nb && bs && atof(nb) > 0 && atof(bs) > 0)
@@ -45,7 +47,7 @@ static void on_sample(void *ud, const kvr_prom_sample *s)
 
 void kvr_scrape_parse(const char *text, size_t len, kvr_scrape_result *out)
 {
-    out->running = out->waiting = out->kv_usage = out->kv_tokens = -1;
+    out->running = out->waiting = out->kv_usage = out->kv_tokens = out->start_time = -1;
     kvr_prom_parse(text, len, on_sample, out);
 }
 
@@ -65,6 +67,14 @@ static void on_metrics(kvr_workers_ctx *ctx, kvr_worker *w, int status, const ch
         kvr_metric_set(ctx->queue, lv, r.waiting);
     if (r.kv_usage >= 0)
         kvr_metric_set(ctx->kv_usage, lv, r.kv_usage);
+    if (r.start_time > 0) {
+        if (w->start_time > 0 && r.start_time != w->start_time) {
+            KVR_INFO("msg=\"worker restarted: forgetting what was learned\" worker=%s", w->url);
+            if (ctx->on_forget)
+                ctx->on_forget(ctx->ud, w);
+        }
+        w->start_time = r.start_time;
+    }
     int64_t tokens = r.kv_tokens >= 0 ? (int64_t)r.kv_tokens : -1;
     if (tokens != w->kv_tokens) {
         w->kv_tokens = tokens;

@@ -10,13 +10,16 @@ typedef struct kvr_scrape_result {
     double waiting;   /**< Σ vllm:num_requests_waiting */
     double kv_usage;  /**< max vllm:kv_cache_usage_perc (older: vllm:gpu_cache_usage_perc), 0..1 */
     double kv_tokens; /**< num_gpu_blocks × block_size from vllm:cache_config_info labels */
+    double start_time; /**< process_start_time_seconds (Prometheus client convention, which
+                            vLLM's server exports): a change means the engine restarted */
 } kvr_scrape_result;
 
 /** Parses a vLLM /metrics text into `out`. Pure; used by the scraper and its tests. */
 void kvr_scrape_parse(const char *text, size_t len, kvr_scrape_result *out);
 
 /** Starts the periodic scrape (no-op when cfg.scrape_interval_s is 0). Results go into each
- *  worker's queue/running/kv_usage/kv_tokens, the gauges ctx->queue and ctx->kv_usage;
+ *  worker's queue/running/kv_usage/kv_tokens, the gauges ctx->queue and ctx->kv_usage; a
+ *  changed process_start_time_seconds calls ctx->on_forget (the engine restarted empty);
  *  cache_aware takes a worker's index cap from kv_tokens when it next teaches it. */
 void kvr_scrape_start(kvr_workers_ctx *ctx);
 /** Stops the timer. */

@@ -4,6 +4,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "workers/breaker.h"
+
 /** State of one worker, owned by the registry (src/workers/registry.h). Policies read it. */
 typedef struct kvr_worker {
     char *url;              /**< base URL exactly as configured ("http://127.0.0.1:9001"); the
@@ -31,13 +33,20 @@ typedef struct kvr_worker {
     int64_t kv_tokens;      /**< KV capacity in tokens (num_gpu_blocks × block_size from
                                  vllm:cache_config_info), -1 when unknown */
     uint64_t requests;      /**< attempts started on it, for /workers */
+    kvr_breaker breaker;    /**< passive health: results of the requests it served */
+    uint32_t check_fails;   /**< failed health checks in a row */
+    uint32_t check_passes;  /**< passed health checks in a row */
+    uint64_t down_since_ms; /**< monotonic ms when it last went unhealthy (0 while healthy) */
+    int forgotten;          /**< its learned state was dropped during this outage */
+    double start_time;      /**< scraped process_start_time_seconds, -1 when unknown: a change
+                                 means the engine restarted with an empty KV cache */
 } kvr_worker;
 
-/** Eligible = may receive new requests: healthy, not draining, still configured (DESIGN §4
- *  step 4). */
+/** Eligible = may receive new requests: healthy, circuit breaker not open (a half-open one
+ *  admits its single trial), not draining, still configured (DESIGN §4 step 4, §11). */
 static inline int kvr_worker_eligible(const kvr_worker *w)
 {
-    return w->healthy && !w->draining && !w->removed;
+    return w->healthy && !w->draining && !w->removed && kvr_breaker_admits(&w->breaker);
 }
 
 #endif

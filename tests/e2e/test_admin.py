@@ -174,7 +174,8 @@ def test_admin_methods_and_paths(stub, kvroute):
 
 # ============================================================================ GET /workers
 def test_workers_lists_state_per_worker(stub, kvroute):
-    ws, kv, adm = start(stub, kvroute, health_interval_ms=100)
+    # --forget-after-ms 0: a worker down at all counts as having lost its cache
+    ws, kv, adm = start(stub, kvroute, health_interval_ms=100, extra=["--forget-after-ms", "0"])
     urls = {w.url for w in ws}
     r = adm.get("/workers")
     assert r.status_code == 200 and r.headers["content-type"].startswith("application/json")
@@ -207,7 +208,8 @@ def test_workers_lists_state_per_worker(stub, kvroute):
         conn.close()
     assert resp.status == 200
     wait_until(lambda: adm.workers()[owner]["inflight"] == 0, 3, what="inflight back to 0")
-    # an unhealthy worker is listed as not eligible, and has lost its sessions and blocks
+    # an unhealthy worker is listed as not eligible, and (down past --forget-after-ms) has lost
+    # its sessions and blocks
     sw = next(w for w in ws if w.url == owner)
     sw.config(health_status=503)
     try:

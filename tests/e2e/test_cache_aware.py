@@ -795,7 +795,9 @@ def test_teaching_happens_at_the_2xx_headers(stub, kvroute, clients):
 
 # ============================================================================ workers leaving
 def test_unhealthy_worker_loses_its_sessions_and_index_entries(sim_factory, kvroute, clients):
-    sims, kv = sims_kv(sim_factory, kvroute, 2, health_interval_ms=100)
+    """Down longer than --forget-after-ms (0 here), a worker loses what was learned about it."""
+    sims, kv = sims_kv(sim_factory, kvroute, 2, health_interval_ms=100,
+                       extra=["--forget-after-ms", "0"])
     c = clients(kv)
     text = "a conversation learned before its worker failed " * 6
     a = c.ask(text, session="leaver")
