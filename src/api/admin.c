@@ -105,9 +105,11 @@ static void workers(kvr_app *app, kvr_http_req *r)
         kvr_worker *w = kvr_registry_at(app->reg, i);
         kvr_policy_worker_stats st;
         json_t *routes = worker_routes(app, w, &st);
-        json_t *o = json_pack("{s:s,s:s,s:f,s:b,s:b,s:b,s:I,s:I,s:I,s:I,s:I,s:f,s:f,s:f,s:I,s:o}",
+        json_t *o = json_pack("{s:s,s:s,s:f,s:b,s:b,s:s,s:b,s:I,s:I,s:I,s:I,s:I,s:f,s:f,s:f,s:I,"
+                              "s:o}",
                               "url", w->url, "name", w->name, "weight", w->weight, "eligible",
-                              kvr_worker_eligible(w), "healthy", w->healthy, "draining",
+                              kvr_worker_eligible(w), "healthy", w->healthy, "breaker",
+                              kvr_breaker_state_name(w->breaker.state), "draining",
                               w->draining, "inflight", (json_int_t)w->inflight, "requests",
                               (json_int_t)w->requests, "index_blocks",
                               (json_int_t)st.index_blocks, "index_capacity",

@@ -10,7 +10,8 @@
  *  empty. */
 int kvr_admin_load_token(kvr_app *app, char *err, size_t cap);
 /** The kvr_http_handler of the admin listener; `ud` is the kvr_app.
- *  GET /workers → {"policy", "workers":[{url, name, weight, eligible, healthy, draining,
+ *  GET /workers → {"policy", "workers":[{url, name, weight, eligible, healthy, breaker
+ *  ("closed", "open" or "half_open"), draining,
  *  inflight, requests, index_blocks, index_capacity, sessions (summed over its routes), queue,
  *  running, kv_usage, kv_tokens, routes:[route names]}]}.
  *  GET /routes → {"generation", "routes":[{name, aliases, policy, index_blocks, sessions,

@@ -74,9 +74,12 @@ void kvr_usage_feed(kvr_usage *u, const char *data, size_t len)
     while (len) {
         const char *nl = memchr(data, '\n', len);
         size_t n = nl ? (size_t)(nl - data) : len;
-        if (kvr_buf_append(&u->buf, data, n) < 0) {
-            /* A line longer than the cap cannot be parsed; skip to its end. */
+        if (u->skip_line || kvr_buf_append(&u->buf, data, n) < 0) {
+            /* A line longer than the cap cannot be parsed; skip to its end, which may come in
+             * a later read: until then the bytes are still that line's, not a new line (its
+             * tail could start with "data:"). */
             kvr_buf_reset(&u->buf);
+            u->skip_line = !nl;
             if (!nl)
                 return;
         } else if (nl) {

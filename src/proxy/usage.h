@@ -13,6 +13,7 @@ typedef struct kvr_usage {
     kvr_buf buf;        /**< JSON: body so far; SSE: the current incomplete line */
     int sse;            /**< 1 for text/event-stream */
     int overflow;       /**< the body or a line exceeded the cap: stop scanning */
+    int skip_line;      /**< SSE: the current line exceeded the cap; drop bytes to its end */
     int found;          /**< a usage object was read */
     long long prompt;   /**< usage.prompt_tokens */
     long long cached;   /**< usage.prompt_tokens_details.cached_tokens */

@@ -1495,6 +1495,35 @@ static void test_close_with_owned_request(void **state)
     cli_close(&c);
 }
 
+/* Found by fuzz/fuzz_http.c (fuzz/corpus/http/crash-nul-first-header-value): http_parser
+ * checks every header-value byte except the first, so a value starting with NUL, another
+ * control byte or DEL was accepted (the handler saw "" with value_len 1). Now 400 + close,
+ * like the same byte later in the value (B.1 "NUL in header value"). */
+static void test_fuzz_header_value_first_byte(void **state)
+{
+    (void)state;
+    fx f;
+    kvr_http_limits l;
+    limits_small(&l);
+    fx_start(&f, &l);
+    static const char minimized[] = "POST / HTTP/1.1\nHost:\0\n\n";
+    expect_rejected(&f, "NUL as the Host value (fuzz)", minimized, sizeof(minimized) - 1, 400);
+    static const char nul_first[] = "GET /echo HTTP/1.1\r\n" H11 "X-A: \0b\r\n\r\n";
+    expect_rejected(&f, "NUL first in a value", nul_first, sizeof(nul_first) - 1, 400);
+    const char *ctl[] = {"GET /echo HTTP/1.1\r\n" H11 "X-A: \001b\r\n\r\n",
+                         "GET /echo HTTP/1.1\r\n" H11 "X-A:\033[31m\r\n\r\n",
+                         "GET /echo HTTP/1.1\r\n" H11 "X-A: \177\r\n\r\n"};
+    for (size_t i = 0; i < sizeof(ctl) / sizeof(ctl[0]); i++)
+        expect_rejected(&f, "control byte first in a value", ctl[i], strlen(ctl[i]), 400);
+    /* still fine: leading OWS is skipped, a tab inside, obs-text (UTF-8) first */
+    expect_ok(&f, "value after OWS",
+              "GET /echo HTTP/1.1\r\nHost: a\r\nX-Trim: \t v\tw \r\n\r\n",
+              "GET /echo path=/echo minor=1 host=a trim=[v\tw] nh=2\n", 0);
+    expect_ok(&f, "obs-text first", "GET /echo HTTP/1.1\r\nHost: \xc3\xa9\r\n\r\n",
+              "GET /echo path=/echo minor=1 host=\xc3\xa9 trim=[-] nh=1\n", 0);
+    fx_stop(&f);
+}
+
 static void test_reason_and_defaults(void **state)
 {
     (void)state;
@@ -1533,6 +1562,7 @@ int main(void)
         cmocka_unit_test(test_send_timeout),
         cmocka_unit_test(test_stop_accepting),
         cmocka_unit_test(test_close_with_owned_request),
+        cmocka_unit_test(test_fuzz_header_value_first_byte),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -165,6 +165,44 @@ static void test_large_body(void **state)
     free(s);
 }
 
+/* Found by fuzz/fuzz_keys.c (fuzz/corpus/keys/crash-jansson-nul-after-number): jansson 2.14
+ * skips one NUL byte right after a number or a literal and accepts {"":7\0}, so same() cannot
+ * be used. The reader rejects such input (RFC 8259 has no NUL outside strings; json_read.h
+ * lists this exception) and reads the document without the NUL as jansson does. */
+static void test_fuzz_nul_after_token(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *s;
+        size_t n;
+        const char *without_nul;
+    } cases[] = {
+        {"{\"\":7\0}", 7, "{\"\":7}"},
+        {"{\"me\": 7\0}", 10, "{\"me\": 7}"},
+        {"[1.5\0]", 6, "[1.5]"},
+        {"[1e5\0,2]", 8, "[1e5,2]"},
+        {"[true\0]", 7, "[true]"},
+        {"[false\0 ]", 9, "[false ]"},
+        {"[null\0,1]", 9, "[null,1]"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        json_error_t e;
+        json_t *v = kvr_json_read(cases[i].s, cases[i].n, &e);
+        if (v)
+            fail_msg("case %zu: a NUL after a token was accepted", i);
+        assert_true(e.position >= 1 && (size_t)e.position < cases[i].n);
+        same_z(cases[i].without_nul);
+        json_t *a = kvr_json_read(cases[i].without_nul, strlen(cases[i].without_nul), NULL);
+        assert_non_null(a);
+        json_decref(a);
+    }
+    /* NUL anywhere else: both reject */
+    same("[\"a\0\"]", 6);
+    same("[1\0\0]", 5);
+    same("[\"a\"\0]", 6);
+    same("{\"a\"\0:1}", 8);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -172,6 +210,7 @@ int main(void)
         cmocka_unit_test(test_depth_limit),
         cmocka_unit_test(test_mutation_fuzz),
         cmocka_unit_test(test_large_body),
+        cmocka_unit_test(test_fuzz_nul_after_token),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,156 @@
+/* Usage reader of worker responses (src/proxy/usage.c): token usage and the Responses API id
+ * from JSON bodies and SSE streams, whatever the read boundaries, within the memory cap. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "proxy/usage.h"
+
+/* Feeds `s` in reads of `step` bytes (0 = all at once), then finishes. */
+static void scan(kvr_usage *u, int sse, size_t cap, int want_id, const char *s, size_t n,
+                 size_t step)
+{
+    kvr_usage_init(u, sse, cap, want_id);
+    for (size_t off = 0; off < n;) {
+        size_t k = step && n - off > step ? step : n - off;
+        kvr_usage_feed(u, s + off, k);
+        off += k;
+    }
+    kvr_usage_finish(u);
+}
+
+static const char chat_sse[] =
+    "data: {\"id\":\"c1\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n"
+    "data: {\"id\":\"c1\",\"choices\":[],\"usage\":{\"prompt_tokens\":12,"
+    "\"completion_tokens\":3,\"prompt_tokens_details\":{\"cached_tokens\":8}}}\r\n\r\n"
+    "data: [DONE]\n\n";
+
+static void test_sse_usage_any_split(void **state)
+{
+    (void)state;
+    size_t n = strlen(chat_sse);
+    for (size_t step = 0; step <= n; step++) {
+        kvr_usage u;
+        scan(&u, 1, 1u << 20, 0, chat_sse, n, step);
+        assert_int_equal(u.found, 1);
+        assert_int_equal(u.prompt, 12);
+        assert_int_equal(u.completion, 3);
+        assert_int_equal(u.cached, 8);
+        assert_null(u.response_id);
+        kvr_usage_free(&u);
+    }
+}
+
+static void test_json_usage_and_response_id(void **state)
+{
+    (void)state;
+    static const char body[] =
+        "{\"id\":\"resp_7\",\"object\":\"response\",\"usage\":{\"prompt_tokens\":5,"
+        "\"completion_tokens\":2}}";
+    kvr_usage u;
+    scan(&u, 0, 1u << 20, 1, body, strlen(body), 7);
+    assert_int_equal(u.found, 1);
+    assert_int_equal(u.prompt, 5);
+    assert_int_equal(u.completion, 2);
+    assert_int_equal(u.cached, 0);
+    assert_string_equal(u.response_id, "resp_7");
+    kvr_usage_free(&u);
+    /* a body over the cap is not parsed; cap 0 turns scanning off */
+    scan(&u, 0, 16, 1, body, strlen(body), 0);
+    assert_int_equal(u.found, 0);
+    assert_true(u.overflow);
+    assert_null(u.response_id);
+    kvr_usage_free(&u);
+    scan(&u, 1, 0, 1, chat_sse, strlen(chat_sse), 0);
+    assert_int_equal(u.found, 0);
+    kvr_usage_free(&u);
+}
+
+static void test_sse_response_id(void **state)
+{
+    (void)state;
+    static const char s[] =
+        "event: response.created\n"
+        "data: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_1\",\"object\":"
+        "\"response\"}}\n\n"
+        "event: response.completed\n"
+        "data: {\"type\":\"response.completed\",\"response\":{\"id\":\"resp_1\",\"usage\":"
+        "{\"input_tokens\":4}}}\n\n";
+    kvr_usage u;
+    scan(&u, 1, 1u << 20, 1, s, strlen(s), 3);
+    assert_string_equal(u.response_id, "resp_1");
+    kvr_usage_free(&u);
+    scan(&u, 1, 1u << 20, 0, s, strlen(s), 3);
+    assert_null(u.response_id);
+    kvr_usage_free(&u);
+}
+
+/* Found by fuzz/fuzz_sse.c (fuzz/corpus/sse/crash-overlong-line-tail): a line longer than the
+ * cap was skipped only up to the end of the read that overflowed; when the line went on in a
+ * later read, its tail was taken for a new line, so a tail starting with "data:" was parsed
+ * (usage counted) when the same bytes in one read were not. */
+static void test_fuzz_overlong_line_tail(void **state)
+{
+    (void)state;
+    static const char minimized[] =
+        "eve\"usage\":{\"cache\001\000\233\377\377\377[[[[[[[[[[[HHHH\000\000\000\031[[[\"usage\""
+        "onse\337\301\002\000``\000\000data:{\"usage\":{\"\":{\"cons\":8}}}\nponse\n";
+    size_t n = sizeof(minimized) - 1;
+    assert_int_equal(n, 102);
+    const char *tail = memmem(minimized, n, "data:", 5);
+    assert_non_null(tail);
+    size_t at = (size_t)(tail - minimized);
+    static const size_t caps[] = {16, 64, 1u << 20};
+    for (size_t c = 0; c < sizeof(caps) / sizeof(caps[0]); c++) {
+        for (int want_id = 0; want_id <= 1; want_id++) {
+            kvr_usage whole, split;
+            scan(&whole, 1, caps[c], want_id, minimized, n, 0);
+            kvr_usage_init(&split, 1, caps[c], want_id);
+            kvr_usage_feed(&split, minimized, at); /* the read ends right before "data:" */
+            kvr_usage_feed(&split, minimized + at, n - at);
+            kvr_usage_finish(&split);
+            assert_int_equal(split.found, whole.found);
+            assert_int_equal(split.prompt, whole.prompt);
+            assert_int_equal(split.cached, whole.cached);
+            assert_int_equal(split.completion, whole.completion);
+            /* the first line (95 bytes) is over the small caps, and no data line */
+            assert_int_equal(whole.found, 0);
+            kvr_usage_free(&whole);
+            kvr_usage_free(&split);
+        }
+    }
+    /* The plain case: after a counted event, a line of 100 x's over the 64-byte cap whose
+     * bytes after the reads that overflowed look like a usage event. */
+    static const char first[] = "data:{\"usage\":{\"prompt_tokens\":6}}\n";
+    static const char rest[] = "data:{\"usage\":{\"prompt_tokens\":5}}\ndata: [DONE]\n";
+    char xs[100];
+    memset(xs, 'x', sizeof(xs));
+    for (size_t cut = 1; cut <= sizeof(xs); cut++) {
+        kvr_usage u;
+        kvr_usage_init(&u, 1, 64, 0);
+        kvr_usage_feed(&u, first, strlen(first));
+        kvr_usage_feed(&u, xs, cut);
+        kvr_usage_feed(&u, xs + cut, sizeof(xs) - cut);
+        kvr_usage_feed(&u, rest, strlen(rest));
+        kvr_usage_finish(&u);
+        assert_int_equal(u.found, 1);
+        assert_int_equal(u.prompt, 6); /* the overlong line's tail is not an event */
+        kvr_usage_free(&u);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sse_usage_any_split),
+        cmocka_unit_test(test_json_usage_and_response_id),
+        cmocka_unit_test(test_sse_response_id),
+        cmocka_unit_test(test_fuzz_overlong_line_tail),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
