@@ -229,7 +229,8 @@ int main(int argc, char **argv)
     uv_signal_start(&g_sighup, on_sighup, SIGHUP);
     uv_timer_init(app->loop, &g_drain_timer);
     kvr_health_start(&app->wctx);
-    KVR_INFO("msg=\"listening\" addr=%s:%d policy=%s workers=%zu routes=%zu mode=%s admin=%d",
+    KVR_INFO("msg=\"listening\" addr=%s:%d default_policy=%s workers=%zu routes=%zu mode=%s "
+             "admin=%d",
              app->cfg.host, app->cfg.port, app->cfg.route.policy, app->cfg.nworkers,
              app->routes->n,
              app->cfg.nroutes ? "config" : app->cfg.model ? app->cfg.model : "(discovering)",

@@ -23,12 +23,12 @@ int kvr_admin_load_token(kvr_app *app, char *err, size_t cap)
         return 0;
     FILE *f = fopen(path, "r");
     char line[1024] = "";
-    if (!f || !fgets(line, sizeof(line), f)) {
+    if (!f) {
         snprintf(err, cap, "--admin-token-file %s: cannot read it", path);
-        if (f)
-            fclose(f);
         return -1;
     }
+    if (!fgets(line, sizeof(line), f))
+        line[0] = '\0'; /* an empty file: said below */
     fclose(f);
     char *s = line, *e = line + strlen(line);
     while (*s && isspace((unsigned char)*s))

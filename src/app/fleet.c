@@ -144,6 +144,30 @@ static int build_routes(kvr_app *app, const kvr_config *c, kvr_errlist *errs)
     return 0;
 }
 
+/* A worker a reload removed while its requests still ran, restored by a later reload: the
+ * same object comes back, so its in-flight load stays counted. */
+static int readd_departed(kvr_app *app, const kvr_worker_spec *ws)
+{
+    for (size_t i = 0; i < app->ndeparted; i++) {
+        kvr_worker *w = app->departed[i];
+        if (strcmp(w->url, ws->url) != 0 || w->inflight == 0)
+            continue;
+        char *n = strdup(ws->name);
+        if (!n)
+            return 0;
+        free(w->name);
+        w->name = n;
+        w->weight = ws->weight > 0 ? ws->weight : 1;
+        if (kvr_registry_readd(app->reg, w) < 0)
+            return 0;
+        /* Out of the departed list (its reference goes with it; the registry holds one now). */
+        app->departed[i] = app->departed[--app->ndeparted];
+        kvr_worker_unref(w);
+        return 1;
+    }
+    return 0;
+}
+
 int kvr_app_apply(kvr_app *app, kvr_config *c, kvr_errlist *errs)
 {
     /* Workers the new configuration drops leave the registry first, so their names are free
@@ -180,6 +204,8 @@ int kvr_app_apply(kvr_app *app, kvr_config *c, kvr_errlist *errs)
                 }
             }
             w->weight = ws->weight > 0 ? ws->weight : 1;
+        } else if (readd_departed(app, ws)) {
+            KVR_INFO("msg=\"worker restored\" worker=%s", ws->url);
         } else if (!kvr_registry_add(app->reg, ws->url, ws->name, ws->weight)) {
             kvr_errlist_add(errs, "worker '%s': cannot add it (malformed URL or duplicate)",
                             ws->url);

@@ -276,6 +276,17 @@ static int url_ok(const char *u)
     return 1;
 }
 
+/* URLs that differ only by trailing slashes name the same endpoint. */
+static int same_url(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    while (la && a[la - 1] == '/')
+        la--;
+    while (lb && b[lb - 1] == '/')
+        lb--;
+    return la == lb && memcmp(a, b, la) == 0;
+}
+
 static const kvr_worker_spec *find_worker(const kvr_config *c, const char *name)
 {
     for (size_t i = 0; i < c->nworkers; i++)
@@ -292,6 +303,16 @@ static const kvr_worker_spec *find_worker(const kvr_config *c, const char *name)
 static void check_names(const kvr_config *c, kvr_errlist *errs)
 {
     char at[600];
+    size_t names = 0;
+    for (size_t r = 0; r < c->nroutes; r++)
+        names += 1 + c->routes[r].naliases;
+    if (names > KVR_MAX_ROUTE_NAMES) {
+        /* The check below is quadratic, and reloads run on the event loop. */
+        where(c, c->routes[0].line, c->routes[0].col, at, sizeof(at));
+        kvr_errlist_add(errs, "%s: %zu route names and aliases (max %d)", at, names,
+                        KVR_MAX_ROUTE_NAMES);
+        return;
+    }
     for (size_t r = 0; r < c->nroutes; r++) {
         const kvr_route_spec *rs = &c->routes[r];
         for (size_t a = 0; a <= rs->naliases; a++) {
@@ -321,10 +342,14 @@ static void check_workers(const kvr_config *c, kvr_errlist *errs)
             kvr_errlist_add(errs, "%s: worker URL '%s' is malformed (expected http://HOST[:PORT])",
                             at, w->url);
         for (size_t j = 0; j < i; j++) {
-            if (strcmp(c->workers[j].url, w->url) == 0)
+            const kvr_worker_spec *o = &c->workers[j];
+            if (same_url(o->url, w->url))
                 kvr_errlist_add(errs, "%s: duplicate worker URL '%s'", at, w->url);
-            else if (strcmp(c->workers[j].name, w->name) == 0)
+            else if (strcmp(o->name, w->name) == 0)
                 kvr_errlist_add(errs, "%s: duplicate worker name '%s'", at, w->name);
+            else if (strcmp(o->name, w->url) == 0 || strcmp(o->url, w->name) == 0)
+                kvr_errlist_add(errs, "%s: worker '%s': a name may not be another worker's URL",
+                                at, w->name);
         }
     }
 }
@@ -392,8 +417,10 @@ int kvr_config_load(kvr_config *c, int argc, char **argv, kvr_errlist *errs)
     if (!kvr_policy_find(c->route.policy))
         kvr_errlist_add(errs, "unknown policy '%s' (one of %s)", c->route.policy,
                         kvr_policy_names());
-    if (c->nworkers == 0 && !path)
-        kvr_errlist_add(errs, "at least one --worker URL is required (see --help)");
+    if (c->nworkers == 0)
+        kvr_errlist_add(errs, path ? "%s:1:1: no workers: add a `workers:` list (or --worker URL)"
+                                   : "at least one --worker URL is required (see --help)%s",
+                        path ? path : "");
     if (c->nworkers > KVR_MAX_WORKERS)
         kvr_errlist_add(errs, "too many workers (max %d)", KVR_MAX_WORKERS);
     check_workers(c, errs);
@@ -401,8 +428,11 @@ int kvr_config_load(kvr_config *c, int argc, char **argv, kvr_errlist *errs)
     resolve_routes(c, errs);
     if (c->breaker.max_cooldown_ms < c->breaker.cooldown_ms)
         kvr_errlist_add(errs, "--breaker-max-cooldown-ms must be >= --breaker-cooldown-ms");
-    if (c->nroutes && c->model)
-        kvr_errlist_add(errs, "--model/model cannot be combined with routes in the file");
+    if (c->nroutes && c->model) {
+        char at[600];
+        where(c, c->routes[0].line, c->routes[0].col, at, sizeof(at));
+        kvr_errlist_add(errs, "%s: --model (or model:) cannot be combined with routes", at);
+    }
     return errs->n > before ? -1 : 0;
 }
 

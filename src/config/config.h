@@ -15,6 +15,8 @@
 #include "workers/breaker.h"
 
 #define KVR_MAX_WORKERS 256
+/** Most route names and aliases in all (the uniqueness check is quadratic, on the loop). */
+#define KVR_MAX_ROUTE_NAMES 4096
 
 /** What a route is configured with besides its name and targets: its policy and the policy's
  *  tunables. Per-route keys of the file (and the `defaults` section) use the flag names with

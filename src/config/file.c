@@ -5,6 +5,7 @@
 #include "config/config.h"
 
 #include <errno.h>
+#include <sys/stat.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -527,6 +528,12 @@ static void top(loader *l, const yaml_node_t *m)
 /* The whole file, NUL-terminated; NULL with errno set. */
 static char *read_all(const char *path, size_t *len)
 {
+    /* A FIFO or a device would block the loop (reloads run on it): regular files only. */
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+        errno = S_ISDIR(st.st_mode) ? EISDIR : EINVAL;
+        return NULL;
+    }
     FILE *f = fopen(path, "rb");
     if (!f)
         return NULL;
@@ -565,6 +572,51 @@ static char *read_all(const char *path, size_t *len)
     return buf;
 }
 
+/* Flow collections nested deeper than any config needs: libyaml's loader takes time quadratic
+ * in the depth (100,000 levels: over a minute), and reloads run on the event loop. Returns
+ * the 1-based line and column of the first bracket past the limit, or 0. */
+#define MAX_FLOW_DEPTH 64
+static int too_deep(const char *buf, size_t len, size_t *line, size_t *col)
+{
+    size_t depth = 0, ln = 1, bol = 0;
+    char quote = 0;
+    int comment = 0;
+    for (size_t i = 0; i < len; i++) {
+        char ch = buf[i];
+        if (ch == '\n') {
+            ln++;
+            bol = i + 1;
+            comment = 0;
+            if (quote == '\'')
+                continue;
+        }
+        if (comment)
+            continue;
+        if (quote) {
+            if (quote == '"' && ch == '\\')
+                i++;
+            else if (ch == quote)
+                quote = 0;
+            continue;
+        }
+        if (ch == '"' || ch == '\'')
+            quote = ch;
+        else if (ch == '#' && (i == 0 || buf[i - 1] == ' ' || buf[i - 1] == '\t' ||
+                               buf[i - 1] == '\n'))
+            comment = 1;
+        else if (ch == '[' || ch == '{') {
+            if (++depth > MAX_FLOW_DEPTH) {
+                *line = ln;
+                *col = i - bol + 1;
+                return 1;
+            }
+        } else if ((ch == ']' || ch == '}') && depth) {
+            depth--;
+        }
+    }
+    return 0;
+}
+
 static void syntax_error(loader *l, const yaml_parser_t *p, const char *buf, size_t len)
 {
     if (p->error == YAML_MEMORY_ERROR) {
@@ -596,6 +648,13 @@ int kvr_config_file_load(kvr_config *c, const char *path, kvr_errlist *errs)
     char *buf = read_all(path, &len);
     if (!buf) {
         kvr_errlist_add(errs, "%s:0:0: cannot read: %s", path, strerror(errno));
+        return -1;
+    }
+    size_t dl, dc;
+    if (too_deep(buf, len, &dl, &dc)) {
+        kvr_errlist_add(errs, "%s:%zu:%zu: nested deeper than %d levels", path, dl, dc,
+                        MAX_FLOW_DEPTH);
+        free(buf);
         return -1;
     }
     loader l = {.c = c, .path = path, .errs = errs};

@@ -556,6 +556,30 @@ static size_t skip_ws(const char *b, size_t len, size_t i)
     return i;
 }
 
+/* A key as written (escapes included) against a plain ASCII key: "mod\u0065l" is "model",
+ * as every JSON parser, the worker's included, reads it. */
+static int key_equals(const char *k, size_t n, const char *key, size_t klen)
+{
+    size_t j = 0;
+    for (size_t i = 0; i < n; i++, j++) {
+        int c = (unsigned char)k[i];
+        if (c == '\\' && i + 1 < n) {
+            char e = k[++i];
+            uint32_t cp;
+            if (e == 'u' && i + 4 < n && hex4((const unsigned char *)k + i + 1, &cp) == 0) {
+                c = (int)cp;
+                i += 4;
+            } else {
+                c = e == 'n' ? '\n' : e == 't' ? '\t' : e == 'r' ? '\r' : e == 'b' ? '\b'
+                    : e == 'f' ? '\f' : e;
+            }
+        }
+        if (j >= klen || c != (unsigned char)key[j])
+            return 0;
+    }
+    return j == klen;
+}
+
 long kvr_json_member_span(const char *buf, size_t len, const char *key, size_t *vlen)
 {
     size_t klen = strlen(key), i = skip_ws(buf, len, 0);
@@ -573,7 +597,7 @@ long kvr_json_member_span(const char *buf, size_t len, const char *key, size_t *
             return found;
         i = skip_ws(buf, len, i + 1);
         size_t ve = skip_value(buf, len, i);
-        if (ke - ks == klen && memcmp(buf + ks, key, klen) == 0) {
+        if (key_equals(buf + ks, ke - ks, key, klen)) {
             found = (long)i;
             *vlen = ve - i;
         }

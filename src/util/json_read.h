@@ -27,8 +27,8 @@
 json_t *kvr_json_read(const char *buf, size_t len, json_error_t *err);
 
 /** In `len` bytes of valid JSON whose top level is an object (a body kvr_json_read accepted),
- *  finds the value of member `key` (compared with the key as written, escapes undecoded; the
- *  last occurrence wins, as in parsing) and returns its byte offset with its length in
+ *  finds the value of member `key` (an ASCII name, compared with the key as decoded, so
+ *  "mod\u0065l" is "model"; the last occurrence wins, as in parsing) and returns its byte offset with its length in
  *  `*vlen`, quotes included for a string; -1 when there is no such member. Used to rewrite
  *  one value of a client's body without re-serialising the rest. */
 long kvr_json_member_span(const char *buf, size_t len, const char *key, size_t *vlen);

@@ -8,7 +8,7 @@
 #include "workers/periodic.h"
 #include "workers/probe.h"
 
-#define BODY_CAP (256 * 1024)
+#define BODY_CAP (4 * 1024 * 1024)
 #define MAX_MODELS 256
 #define TICK_MS 1000
 
@@ -29,8 +29,14 @@ int kvr_discovery_parse(const char *body, size_t len, const char **ids, size_t c
     json_array_foreach(data, i, m)
     {
         const char *id = json_string_value(json_object_get(m, "id"));
-        if (!id || !*id || n == cap)
+        if (!id || !*id)
             continue;
+        if (n == cap) {
+            KVR_WARN("msg=\"worker lists more models than kvroute routes; the rest ignored\" "
+                     "max=%zu listed=%zu",
+                     cap, json_array_size(data));
+            break;
+        }
         int dup = 0;
         for (size_t k = 0; k < n && !dup; k++)
             dup = strcmp(ids[k], id) == 0;
@@ -51,12 +57,19 @@ static void on_models(kvr_workers_ctx *ctx, kvr_worker *w, int status, const cha
     void *owner;
     int n = kvr_discovery_parse(body, len, ids, MAX_MODELS, &owner);
     if (n < 0) {
-        KVR_WARN("msg=\"worker /v1/models is not a model list\" worker=%s", w->url);
+        KVR_WARN("msg=\"worker /v1/models is not a model list\" worker=%s bytes=%zu%s", w->url,
+                 len, len >= BODY_CAP ? " (cut at the 4 MiB cap)" : "");
         return;
     }
     if (kvr_worker_set_models(w, ids, (size_t)n)) {
-        KVR_INFO("msg=\"worker models\" worker=%s models=%d first=%s", w->url, n,
-                 n ? ids[0] : "-");
+        /* Model ids come from the worker: printable ASCII only, so a log line stays one. */
+        char first[65] = "-";
+        for (size_t i = 0; n && ids[0][i] && i < sizeof(first) - 1; i++) {
+            unsigned char ch = (unsigned char)ids[0][i];
+            first[i] = ch > 0x20 && ch < 0x7f && ch != '"' && ch != '\\' ? (char)ch : '?';
+            first[i + 1] = '\0';
+        }
+        KVR_INFO("msg=\"worker models\" worker=%s models=%d first=%s", w->url, n, first);
         if (ctx->on_models)
             ctx->on_models(ctx->ud, w);
     }

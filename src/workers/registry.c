@@ -54,14 +54,8 @@ void kvr_registry_free(kvr_registry *r)
     free(r);
 }
 
-kvr_worker *kvr_registry_add(kvr_registry *r, const char *url, const char *name, double weight)
+static void append(kvr_registry *r, kvr_worker *w)
 {
-    if (strncmp(url, "http://", 7) != 0 || strlen(url) <= 7)
-        return NULL;
-    if (!name)
-        name = url;
-    if (kvr_registry_find_url(r, url) || kvr_registry_find_name(r, name))
-        return NULL;
     if (r->n == r->cap) {
         size_t nc = r->cap ? r->cap * 2 : 8;
         kvr_worker **nw = realloc(r->w, nc * sizeof(*nw));
@@ -70,6 +64,17 @@ kvr_worker *kvr_registry_add(kvr_registry *r, const char *url, const char *name,
         r->w = nw;
         r->cap = nc;
     }
+    r->w[r->n++] = w;
+}
+
+kvr_worker *kvr_registry_add(kvr_registry *r, const char *url, const char *name, double weight)
+{
+    if (strncmp(url, "http://", 7) != 0 || strlen(url) <= 7)
+        return NULL;
+    if (!name)
+        name = url;
+    if (kvr_registry_find_url(r, url) || kvr_registry_find_name(r, name))
+        return NULL;
     kvr_worker *w = calloc(1, sizeof(*w));
     if (!w || !(w->url = strdup(url)) || !(w->name = strdup(name)))
         abort();
@@ -80,8 +85,18 @@ kvr_worker *kvr_registry_add(kvr_registry *r, const char *url, const char *name,
     w->queue = w->running = w->kv_usage = -1;
     w->kv_tokens = -1;
     w->start_time = -1;
-    r->w[r->n++] = w;
+    append(r, w);
     return w;
+}
+
+int kvr_registry_readd(kvr_registry *r, kvr_worker *w)
+{
+    if (kvr_registry_find_url(r, w->url) || kvr_registry_find_name(r, w->name))
+        return -1;
+    kvr_worker_ref(w);
+    w->removed = 0;
+    append(r, w);
+    return 0;
 }
 
 void kvr_registry_remove(kvr_registry *r, kvr_worker *w)

@@ -20,6 +20,10 @@ void kvr_registry_free(kvr_registry *r);
  *  1). Returns the worker (one reference, the registry's), or NULL if the URL or the name is
  *  already registered or the URL is not an http:// URL. */
 kvr_worker *kvr_registry_add(kvr_registry *r, const char *url, const char *name, double weight);
+/** Registers again a worker removed earlier and still alive (its requests still running), so
+ *  a worker dropped and restored by two reloads keeps its in-flight load. Returns 0, or -1
+ *  when its URL or name is taken meanwhile. */
+int kvr_registry_readd(kvr_registry *r, kvr_worker *w);
 /** Removes `w`: marked removed (never eligible again), no longer found, its registry reference
  *  dropped. */
 void kvr_registry_remove(kvr_registry *r, kvr_worker *w);

@@ -768,3 +768,71 @@ routes:
     assert len(w1.proxied()) == 1
     assert adm.drain("w1", on=False).status_code == 200
     assert chat(kv, "solo").status_code == 200
+
+
+# ============================================================================ found by a break-it pass
+def test_escaped_model_key_is_rewritten(stub, kvroute, tmp_path):
+    """`"mod\\u0065l"` is `model` to every JSON parser: it is rewritten like the plain key."""
+    w1, w2 = stub(), stub()
+    cfg = write_config(tmp_path / "kvroute.yaml", two_stub_config([("w1", w1), ("w2", w2)]))
+    kv, _ = start_config(kvroute, cfg, admin=False)
+    for body in (b'{"mod\\u0065l":"m","messages":[{"role":"user","content":"x"}]}',
+                 b'{"\\u006dodel":"m","messages":[{"role":"user","content":"y"}]}'):
+        r = kv.post("/v1/chat/completions", content=body)
+        assert r.status_code == 200, r.text
+    sent = [e["model"] for w in (w1, w2) for e in w.proxied()]
+    assert sent == ["up-m", "up-m"], sent
+
+
+def test_config_without_workers_is_refused(procs, tmp_path):
+    empty = write_config(tmp_path / "empty.yaml", "")
+    rc, out, _ = run_quick(procs, tmp_path, [KVROUTE_BIN, "--check", "--config", empty])
+    assert rc == 1 and re.match(r"^%s:1:1: no workers" % re.escape(str(empty)), out), out
+
+
+def test_reload_of_an_empty_file_is_refused(stub, kvroute, tmp_path):
+    w1, w2 = stub(), stub()
+    cfg = write_config(tmp_path / "kvroute.yaml", two_stub_config([("w1", w1), ("w2", w2)]))
+    kv, adm = start_config(kvroute, cfg)
+    write_config(cfg, "")
+    r = adm.reload()
+    assert r.status_code == 422, r.text
+    assert chat(kv, "m").status_code == 200
+
+
+def test_worker_restored_by_a_reload_keeps_its_inflight(stub, kvroute, tmp_path):
+    w1, w2 = stub(), stub()
+    full = two_stub_config([("w1", w1), ("w2", w2)])
+    cfg = write_config(tmp_path / "kvroute.yaml", full)
+    kv, adm = start_config(kvroute, cfg)
+    ex, futs = slow_posts(kv, "m", 4, 2500, "slow")
+    try:
+        wait_until(lambda: len(in_progress(w2)) == 2, 5, interval=0.05, what="2 on w2")
+        write_config(cfg, two_stub_config([("w1", w1)]))
+        assert adm.reload().status_code == 200
+        write_config(cfg, full)
+        assert adm.reload().status_code == 200
+        ws = adm.workers()
+        assert ws[w2.url]["inflight"] == 2, ws[w2.url]
+        res = [f.result(timeout=10) for f in futs]
+    finally:
+        ex.shutdown(wait=True)
+    assert all(r.status_code == 200 for r in res)
+
+
+def test_config_that_is_not_a_regular_file_is_refused(procs, tmp_path):
+    import os
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    rc, out, _ = run_quick(procs, tmp_path, [KVROUTE_BIN, "--check", "--config", fifo],
+                           timeout=5.0)
+    assert rc == 1 and ":0:0: cannot read" in out, out
+
+
+def test_deeply_nested_config_is_refused_quickly(procs, tmp_path):
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("routes: " + "[" * 40000 + "]" * 40000 + "\n")
+    t = time.monotonic()
+    rc, out, _ = run_quick(procs, tmp_path, [KVROUTE_BIN, "--check", "--config", deep])
+    assert rc == 1 and "nested deeper than" in out, out
+    assert time.monotonic() - t < 2.0

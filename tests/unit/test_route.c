@@ -223,6 +223,11 @@ static void test_member_span(void **state)
     const char *dup = "{\"model\":\"x\",\"model\":\"yy\"}";
     at = kvr_json_member_span(dup, strlen(dup), "model", &vlen);
     assert_memory_equal(dup + at, "\"yy\"", 4); /* last wins, as the parser */
+    const char *esc = "{\"mod\\u0065l\":\"x\",\"m\\u006f\\u0064el\" : \"zz\"}";
+    at = kvr_json_member_span(esc, strlen(esc), "model", &vlen);
+    assert_true(at > 0);
+    assert_memory_equal(esc + at, "\"zz\"", 4);
+    assert_int_equal(kvr_json_member_span("{\"models\":1}", 12, "model", &vlen), -1);
     assert_int_equal(kvr_json_member_span("[1]", 3, "model", &vlen), -1);
     assert_int_equal(kvr_json_member_span("{}", 2, "model", &vlen), -1);
 }
