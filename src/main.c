@@ -8,6 +8,10 @@
 #include <uv.h>
 
 #include "api/admin.h"
+#include "api/auth.h"
+#include "proxy/admission.h"
+#include "proxy/ratelimit.h"
+#include "upstream/egress.h"
 #include "api/router.h"
 #include "proxy/proxy.h"
 #include "app/app.h"
@@ -42,6 +46,7 @@ static void shutdown_all(void)
     uv_close((uv_handle_t *)&g_sweep_timer, NULL);
     uv_timer_stop(&g_breaker_timer);
     uv_close((uv_handle_t *)&g_breaker_timer, NULL);
+    kvr_proxy_stop(app);
     kvr_scrape_stop();
     kvr_discovery_stop();
     if (g_admin)
@@ -191,9 +196,12 @@ int main(int argc, char **argv)
     app->reg = kvr_registry_new();
     app->metrics = kvr_metrics_new();
     kvr_app_metrics_init(app);
+    app->cfg.upstream.allow_connect = kvr_app_allow_connect;
+    app->cfg.upstream.allow_connect_ud = app;
     app->up = kvr_upstream_new(app->loop, &app->cfg.upstream);
     app->discovering = app->cfg.nroutes == 0 && !app->cfg.model;
     kvr_app_workers_ctx_init(app);
+    app->admission = kvr_admission_new(app->cfg.max_queue);
     if (kvr_app_apply(app, &app->cfg, &errs) < 0) {
         kvr_errlist_print(&errs, stderr, "kvroute: ");
         return 2;
@@ -241,6 +249,13 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < app->ndeparted; i++)
         kvr_worker_unref(app->departed[i]);
     free(app->departed);
+    kvr_auth_free(app->auth);
+    for (size_t i = 0; i < app->nauth_retired; i++)
+        kvr_auth_free(app->auth_retired[i]);
+    free(app->auth_retired);
+    kvr_egress_free(app->egress);
+    kvr_ratelimits_free(app->ratelimits);
+    kvr_admission_free(app->admission);
     kvr_metrics_free(app->metrics);
     kvr_registry_free(app->reg);
     if (app->live && app->live != &app->cfg) {

@@ -5,6 +5,7 @@
 
 #include <stdio.h>
 
+#include "api/auth.h"
 #include "api/ops.h"
 #include "api/validate.h"
 #include "app/reply.h"
@@ -69,10 +70,40 @@ static void proxied(kvr_app *app, kvr_http_req *r, kvr_endpoint ep)
     json_decref(j);
 }
 
+/* Client keys guard every /v1/ path (and /metrics with --metrics-require-key); /healthz and /readyz
+ * stay open for load balancers. Returns 1 when the request may go on (its tag then names the
+ * key), 0 when it was answered 401. */
+static int authenticated(kvr_app *app, kvr_http_req *r, const char *path)
+{
+    kvr_http_req_set_tag(r, "-");
+    int guarded = strncmp(path, "/v1/", 4) == 0 ||
+                  (app->cfg.metrics_require_key && strcmp(path, "/metrics") == 0);
+    if (!app->auth || !guarded)
+        return 1;
+    const char *name = NULL;
+    kvr_auth_result res = kvr_auth_check(app->auth, r, &name);
+    if (res == KVR_AUTH_OK) {
+        kvr_http_req_set_tag(r, name);
+        return 1;
+    }
+    const char *lv[] = {kvr_auth_reason(res)};
+    kvr_metric_inc(app->m.auth_failures, lv, 1);
+    kvr_http_header h = {"WWW-Authenticate", 16, "Bearer", 6};
+    kvr_reply_error_typed(app, r, NULL, 401,
+                          res == KVR_AUTH_MISSING
+                              ? "Missing API key: send it as Authorization: Bearer KEY or "
+                                "x-api-key: KEY"
+                              : "Incorrect API key provided",
+                          "invalid_request_error", NULL, "invalid_api_key", &h, 1);
+    return 0;
+}
+
 void kvr_api_handle(kvr_http_req *r, void *ud)
 {
     kvr_app *app = ud;
     const char *path = kvr_http_req_path(r), *method = kvr_http_req_method(r);
+    if (!authenticated(app, r, path))
+        return;
     for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++) {
         if (strcmp(path, routes[i].path) != 0)
             continue;

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "upstream/egress.h"
 #include "util/log.h"
 #include "util/time.h"
 
@@ -81,7 +82,7 @@ void kvr_app_metrics_init(kvr_app *app)
 {
     kvr_metrics *r = app->metrics;
     kvr_app_metrics *m = &app->m;
-    const char *mec[] = {"model", "endpoint", "code"};
+    const char *mec[] = {"model", "endpoint", "code", "key"};
     const char *me[] = {"model", "endpoint"};
     const char *w[] = {"worker"};
     const char *wc[] = {"worker", "code"};
@@ -89,7 +90,9 @@ void kvr_app_metrics_init(kvr_app *app)
     const char *mpd[] = {"model", "policy", "decision"};
     const char *mw[] = {"model", "worker"};
     m->requests = kvr_metrics_counter(r, "kvroute_requests_total",
-                                      "Client requests answered, by final status code", 3, mec);
+                                      "Client requests answered, by final status code and "
+                                      "client key name (- without auth)",
+                                      4, mec);
     m->duration = kvr_metrics_histogram(r, "kvroute_request_duration_seconds",
                                         "Time from a request's first byte to its last response "
                                         "byte",
@@ -160,6 +163,24 @@ void kvr_app_metrics_init(kvr_app *app)
                                      "Requests retried on another worker, by the failure that "
                                      "caused it",
                                      2, mr);
+    const char *rs[] = {"reason"}, *ep[] = {"endpoint"};
+    m->auth_failures = kvr_metrics_counter(r, "kvroute_auth_failures_total",
+                                           "Requests refused for a missing or invalid client API "
+                                           "key",
+                                           1, rs);
+    m->egress_denied = kvr_metrics_counter(r, "kvroute_egress_denied_total",
+                                           "Connections the egress policy refused at connect "
+                                           "time",
+                                           1, ep);
+    m->queue_depth = kvr_metrics_gauge(r, "kvroute_queue_depth",
+                                       "Requests waiting in the admission queue", 1, mo);
+    m->queue_wait = kvr_metrics_histogram(r, "kvroute_queue_wait_seconds",
+                                          "Time requests waited in the admission queue", 1, mo,
+                                          latency_bounds, NB);
+    m->rejected = kvr_metrics_counter(r, "kvroute_rejected_total",
+                                      "Requests refused by admission: queue_full, "
+                                      "queue_timeout, rate_limited",
+                                      2, mr);
     /* Both results exist from the start, so rate() and alerts see a 0 before the first. */
     const char *ok[] = {"ok"}, *error[] = {"error"};
     kvr_metric_inc(m->reloads, ok, 0);
@@ -209,6 +230,27 @@ void kvr_app_breaker_tick(kvr_app *app)
         kvr_worker *w = kvr_registry_at(app->reg, i);
         breaker_changed(app, w, kvr_breaker_tick(&w->breaker, now));
     }
+}
+
+int kvr_app_allow_connect(void *ud, const char *url, const struct sockaddr *sa)
+{
+    kvr_app *app = ud;
+    char host[256], why[300];
+    if (!kvr_egress_active(app->egress))
+        return 1;
+    if (kvr_egress_url_host(url, host, sizeof(host)) < 0)
+        host[0] = '\0';
+    if (kvr_egress_check_addr(app->egress, host[0] ? host : NULL, sa, why, sizeof(why)))
+        return 1;
+    /* The label is the endpoint without its path: bounded by the configured endpoints. */
+    char endpoint[300];
+    const char *p = strstr(url, "://");
+    size_t n = p ? (size_t)(p + 3 - url) + strcspn(p + 3, "/?#") : strlen(url);
+    snprintf(endpoint, sizeof(endpoint), "%.*s", (int)n, url);
+    const char *lv[] = {endpoint};
+    kvr_metric_inc(app->m.egress_denied, lv, 1);
+    KVR_WARN("msg=\"egress denied\" endpoint=%s rule=\"%s\"", endpoint, why);
+    return 0;
 }
 
 kvr_route *kvr_app_route(kvr_app *app, const char *model)

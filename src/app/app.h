@@ -39,6 +39,11 @@ typedef struct kvr_app_metrics {
     kvr_metric *breaker_state;     /**< kvroute_worker_breaker_state{worker} (0, 1, 2) */
     kvr_metric *breaker_transitions; /**< kvroute_breaker_transitions_total{worker,state} */
     kvr_metric *retries;           /**< kvroute_retries_total{model,reason} */
+    kvr_metric *auth_failures;     /**< kvroute_auth_failures_total{reason} */
+    kvr_metric *egress_denied;     /**< kvroute_egress_denied_total{endpoint} */
+    kvr_metric *queue_depth;       /**< kvroute_queue_depth{model} */
+    kvr_metric *queue_wait;        /**< kvroute_queue_wait_seconds{model} (histogram) */
+    kvr_metric *rejected;          /**< kvroute_rejected_total{model,reason} */
     kvr_metric *generation;        /**< kvroute_config_generation */
 } kvr_app_metrics;
 
@@ -65,6 +70,13 @@ typedef struct kvr_app {
                                               last request ended and their gauges are gone */
     size_t ndeparted;
     int draining;                        /**< SIGTERM received */
+    struct kvr_auth *auth;               /**< client keys (NULL = no client auth) */
+    struct kvr_auth **auth_retired;      /**< stores replaced by reloads: requests in flight
+                                              still label metrics with their key names */
+    size_t nauth_retired;
+    struct kvr_egress *egress;           /**< the egress policy in force */
+    struct kvr_admission *admission;     /**< requests waiting for a slot */
+    struct kvr_ratelimits *ratelimits;   /**< per-key limits in force */
     kvr_session_sources session_sources; /**< parsed --session-keys */
 } kvr_app;
 
@@ -112,6 +124,11 @@ void kvr_app_attempt_verdict(kvr_app *app, kvr_worker *w, int failure, int trial
 void kvr_app_attempt_abandon(kvr_app *app, kvr_worker *w, int trial);
 /** Moves open breakers whose cooldown passed to half_open (call periodically). */
 void kvr_app_breaker_tick(kvr_app *app);
+
+/** The upstream client's connect-time hook (kvr_upstream_opts.allow_connect, `ud` = the app):
+ *  checks the address against app->egress and counts kvroute_egress_denied_total{endpoint}
+ *  (endpoint = the URL's scheme, host and port) when refused. */
+int kvr_app_allow_connect(void *ud, const char *url, const struct sockaddr *sa);
 
 /** Sets up app->wctx from the configuration (after reg, up and metrics exist). */
 void kvr_app_workers_ctx_init(kvr_app *app);

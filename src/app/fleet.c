@@ -1,9 +1,15 @@
 /* Building the fleet (workers and routes) from a configuration, at start, on reload and when
  * discovery sees a worker's model list change. */
+#include <ctype.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "api/auth.h"
 #include "app/app.h"
+#include "proxy/admission.h"
+#include "proxy/ratelimit.h"
+#include "upstream/egress.h"
 #include "util/log.h"
 #include "workers/discovery.h"
 
@@ -168,8 +174,107 @@ static int readd_departed(kvr_app *app, const kvr_worker_spec *ws)
     return 0;
 }
 
+/* A worker's own key: the first line of api_key_file (trimmed), or api_key_env's value.
+ * Returns a malloc'd key, NULL for none, or NULL with an error added. */
+static char *worker_key(const kvr_worker_spec *ws, kvr_errlist *errs)
+{
+    char line[1024] = "";
+    if (ws->api_key_file) {
+        FILE *f = fopen(ws->api_key_file, "r");
+        if (!f || !fgets(line, sizeof(line), f)) {
+            kvr_errlist_add(errs, "worker '%s': api_key_file %s: cannot read it", ws->name,
+                            ws->api_key_file);
+            if (f)
+                fclose(f);
+            return NULL;
+        }
+        fclose(f);
+    } else if (ws->api_key_env) {
+        const char *v = getenv(ws->api_key_env);
+        if (!v || !*v) {
+            kvr_errlist_add(errs, "worker '%s': api_key_env %s is not set", ws->name,
+                            ws->api_key_env);
+            return NULL;
+        }
+        snprintf(line, sizeof(line), "%s", v);
+    } else {
+        return NULL;
+    }
+    char *s = line, *e = line + strlen(line);
+    while (*s && isspace((unsigned char)*s))
+        s++;
+    while (e > s && isspace((unsigned char)e[-1]))
+        *--e = '\0';
+    if (!*s) {
+        kvr_errlist_add(errs, "worker '%s': its API key is empty", ws->name);
+        return NULL;
+    }
+    char *k = strdup(s);
+    memset(line, 0, sizeof(line));
+    return k;
+}
+
+/* Everything a configuration needs from outside (key files, the environment), read before
+ * anything changes, so a failure leaves the running fleet as it was. */
+typedef struct loaded {
+    kvr_auth *auth;
+    kvr_egress *egress;
+    char **keys; /* per worker spec */
+} loaded;
+
+static void loaded_free(loaded *l, size_t n)
+{
+    kvr_auth_free(l->auth);
+    kvr_egress_free(l->egress);
+    for (size_t i = 0; l->keys && i < n; i++)
+        if (l->keys[i]) {
+            memset(l->keys[i], 0, strlen(l->keys[i]));
+            free(l->keys[i]);
+        }
+    free(l->keys);
+}
+
+static int load_outside(const kvr_config *c, loaded *l, kvr_errlist *errs)
+{
+    size_t before = errs->n;
+    memset(l, 0, sizeof(*l));
+    if (c->api_key_file)
+        l->auth = kvr_auth_load(c->api_key_file, errs);
+    l->egress = kvr_egress_new(c->egress_allow, c->negress_allow, c->egress_deny,
+                               c->negress_deny, "egress", errs);
+    l->keys = calloc(c->nworkers + 1, sizeof(*l->keys));
+    if (!l->keys)
+        kvr_errlist_add(errs, "out of memory");
+    for (size_t i = 0; l->keys && i < c->nworkers; i++)
+        l->keys[i] = worker_key(&c->workers[i], errs);
+    return errs->n > before ? -1 : 0;
+}
+
 int kvr_app_apply(kvr_app *app, kvr_config *c, kvr_errlist *errs)
 {
+    loaded ext;
+    if (load_outside(c, &ext, errs) < 0) {
+        loaded_free(&ext, c->nworkers);
+        return -1;
+    }
+    if (app->auth) {
+        /* Requests in flight may still name their key: retire, free at exit. */
+        kvr_auth **r = realloc(app->auth_retired, (app->nauth_retired + 1) * sizeof(*r));
+        if (r) {
+            app->auth_retired = r;
+            app->auth_retired[app->nauth_retired++] = app->auth;
+        }
+    }
+    app->auth = ext.auth;
+    ext.auth = NULL;
+    kvr_egress_free(app->egress);
+    app->egress = ext.egress;
+    ext.egress = NULL;
+    /* Rate limits restart their windows on reload (documented); the queue keeps its waiters. */
+    kvr_ratelimits_free(app->ratelimits);
+    app->ratelimits = kvr_ratelimits_new(c->rate_limits, c->nrate_limits);
+    if (app->admission)
+        kvr_admission_set_max(app->admission, c->max_queue);
     /* Workers the new configuration drops leave the registry first, so their names are free
      * for the new ones; their requests finish on the routes that still reference them. */
     kvr_worker **gone = calloc(kvr_registry_count(app->reg) + 1, sizeof(*gone));
@@ -205,14 +310,20 @@ int kvr_app_apply(kvr_app *app, kvr_config *c, kvr_errlist *errs)
             }
             w->weight = ws->weight > 0 ? ws->weight : 1;
         } else if (readd_departed(app, ws)) {
+            w = kvr_registry_find_url(app->reg, ws->url);
             KVR_INFO("msg=\"worker restored\" worker=%s", ws->url);
-        } else if (!kvr_registry_add(app->reg, ws->url, ws->name, ws->weight)) {
+        } else if (!(w = kvr_registry_add(app->reg, ws->url, ws->name, ws->weight))) {
             kvr_errlist_add(errs, "worker '%s': cannot add it (malformed URL or duplicate)",
                             ws->url);
         } else if (app->routes) {
             KVR_INFO("msg=\"worker added\" worker=%s", ws->url);
         }
+        if (w) {
+            kvr_worker_set_api_key(w, ext.keys[i]);
+            w->max_inflight = ws->max_inflight;
+        }
     }
+    loaded_free(&ext, c->nworkers);
     app->discovering = c->nroutes == 0 && !c->model;
     app->wctx.discover = app->discovering;
     int rc = errs->n ? -1 : build_routes(app, c, errs);

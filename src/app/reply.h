@@ -10,7 +10,13 @@
 void kvr_reply_error(kvr_app *app, kvr_http_req *r, const char *model, int status,
                    const char *message, const char *param, const char *code,
                    const kvr_http_header *extra, size_t n);
-/** Counts a finished request in kvroute_requests_total and kvroute_request_duration_seconds. */
+/** The same with an explicit OpenAI error `type`. */
+void kvr_reply_error_typed(kvr_app *app, kvr_http_req *r, const char *model, int status,
+                           const char *message, const char *type, const char *param,
+                           const char *code, const kvr_http_header *extra, size_t n);
+/** Counts a finished request in kvroute_requests_total{model,endpoint,code,key} (key: the
+ *  request's tag, kvr_http_req_set_tag; "-" when none) and
+ *  kvroute_request_duration_seconds{model,endpoint}. */
 void kvr_reply_count(kvr_app *app, kvr_http_req *r, const char *model, int status);
 
 #endif

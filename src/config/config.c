@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "upstream/egress.h"
 #include "util/flags.h"
 
 static int set_worker(void *target, const kvr_flag *f, const char *v, char *err, size_t cap);
@@ -63,6 +64,17 @@ static const kvr_flag flags[] = {
     FL("admin-port", INT, admin_port, 0, 65535, "admin listener port (0 = off)"),
     FL("admin-token-file", STR, admin_token_file, 0, 0,
       "file holding the admin bearer token (unset = no auth)"),
+    FL("api-key-file", STR, api_key_file, 0, 0,
+       "client API keys, one per line as KEY or NAME:KEY (unset = no client auth)"),
+    FL("metrics-require-key", BOOL, metrics_require_key, 0, 0,
+       "GET /metrics needs a client API key too"),
+    FL("max-inflight", U64, max_inflight, 0, 1e9,
+       "upstream attempts in flight in the process (0 = unlimited; more wait in the queue)"),
+    FL("max-queue", SIZE, max_queue, 0, 1e7, "requests waiting for a free slot (503 above)"),
+    FL("queue-timeout-ms", U64, queue_timeout_ms, 1, 1e9,
+       "longest wait in the admission queue (then 503)"),
+    FL("max-connections-per-ip", SIZE, http.max_connections_per_ip, 0, 1e7,
+       "open client connections per client address (0 = off)"),
     FL("drain-timeout", U64, drain_timeout_s, 0, 86400,
       "seconds to let in-flight requests finish on SIGTERM"),
     FL("health-interval-ms", U64, health_interval_ms, 0, 3600000,
@@ -190,6 +202,8 @@ void kvr_config_default(kvr_config *c)
     c->forget_after_ms = 30000;
     c->breaker = (kvr_breaker_cfg){.failures = 5, .cooldown_ms = 5000, .max_cooldown_ms = 60000};
     c->max_retries = 2;
+    c->max_queue = 1024;
+    c->queue_timeout_ms = 30000;
     c->retry_budget = 0.2;
     c->scrape_interval_s = 5;
     c->retry_after_s = 1;
@@ -332,6 +346,24 @@ static void check_names(const kvr_config *c, kvr_errlist *errs)
     }
 }
 
+/* Every configured endpoint must pass the egress policy (seed 004: a denied one makes the
+ * configuration fail to load, naming the entry and the rule). */
+static void check_egress(const kvr_config *c, kvr_errlist *errs)
+{
+    char at[600], why[300];
+    where(c, c->egress_line, c->egress_col, at, sizeof(at));
+    kvr_egress *e = kvr_egress_new(c->egress_allow, c->negress_allow, c->egress_deny,
+                                   c->negress_deny, at, errs);
+    for (size_t i = 0; i < c->nworkers; i++) {
+        const kvr_worker_spec *w = &c->workers[i];
+        where(c, w->line, w->col, at, sizeof(at));
+        if (!kvr_egress_check_url(e, w->url, why, sizeof(why)))
+            kvr_errlist_add(errs, "%s: worker '%s' (%s) is refused by the egress policy: %s", at,
+                            w->name, w->url, why);
+    }
+    kvr_egress_free(e);
+}
+
 static void check_workers(const kvr_config *c, kvr_errlist *errs)
 {
     char at[600];
@@ -424,6 +456,7 @@ int kvr_config_load(kvr_config *c, int argc, char **argv, kvr_errlist *errs)
     if (c->nworkers > KVR_MAX_WORKERS)
         kvr_errlist_add(errs, "too many workers (max %d)", KVR_MAX_WORKERS);
     check_workers(c, errs);
+    check_egress(c, errs);
     check_names(c, errs);
     resolve_routes(c, errs);
     if (c->breaker.max_cooldown_ms < c->breaker.cooldown_ms)

@@ -32,6 +32,12 @@ typedef struct kvr_worker_spec {
     const char *url;      /**< base URL exactly as written (the worker's identity) */
     const char *name;     /**< its name; defaults to the URL */
     double weight;        /**< > 0 (1) */
+    const char *api_key_file; /**< file whose first line is the worker's own API key, sent as
+                                   `Authorization: Bearer` on every request kvroute makes to
+                                   it (NULL = none); never printed */
+    const char *api_key_env;  /**< or: environment variable holding that key (NULL = none) */
+    uint32_t max_inflight;    /**< most attempts in flight at this worker (0 = no limit);
+                                   more wait in the admission queue */
     int line, col;        /**< 1-based position in the file; 0 from the command line */
 } kvr_worker_spec;
 
@@ -64,6 +70,14 @@ typedef struct kvr_route_spec {
     int line, col;
 } kvr_route_spec;
 
+/** One per-key rate limit (config `rate_limits: {NAME: {...}}`); 0 = no limit of that kind. */
+typedef struct kvr_rate_limit_spec {
+    const char *key;              /**< the client key's NAME (from the key file) */
+    uint64_t requests_per_minute;
+    uint64_t tokens_per_minute;   /**< prompt tokens + max_tokens, settled against usage */
+    int line, col;
+} kvr_rate_limit_spec;
+
 /** Everything the daemon is configured with. Strings point into argv or into the config's
  *  arena (owned; freed by kvr_config_free). */
 typedef struct kvr_config {
@@ -79,6 +93,22 @@ typedef struct kvr_config {
     size_t nworkers;
     kvr_route_spec *routes;        /**< the file's routes (none from the command line) */
     size_t nroutes;
+    const char *api_key_file;      /**< --api-key-file; file: auth.api_keys_file. Client keys,
+                                        one per line, optional `NAME:` prefix, `#` comments
+                                        (NULL = no client auth) */
+    int metrics_require_key;       /**< --metrics-require-key: /metrics needs a client key */
+    const char **egress_allow;     /**< file: egress.allow — CIDRs, IPs or host globs */
+    size_t negress_allow;
+    const char **egress_deny;      /**< file: egress.deny (deny wins over allow) */
+    size_t negress_deny;
+    int egress_line, egress_col;   /**< where `egress` was written (messages) */
+    kvr_rate_limit_spec *rate_limits; /**< file: rate_limits */
+    size_t nrate_limits;
+    uint64_t max_inflight;         /**< --max-inflight: attempts in flight in the process
+                                        (0 = unlimited); more wait in the queue */
+    size_t max_queue;              /**< --max-queue: requests waiting for a slot (1024) */
+    uint64_t queue_timeout_ms;     /**< --queue-timeout-ms: longest wait in the queue (30000) */
+
     const char *host;              /**< --host (127.0.0.1); file: listen.host */
     int port;                      /**< --port (8000); file: listen.port */
     const char *admin_host;        /**< --admin-host (127.0.0.1); file: admin.host */
@@ -108,7 +138,7 @@ typedef struct kvr_config {
     kvr_http_limits http;          /**< --max-body-bytes, --max-header-bytes, --max-headers,
                                         --header-timeout-ms, --body-timeout-ms,
                                         --idle-timeout-ms, --write-buffer-bytes,
-                                        --max-connections */
+                                        --max-connections, --max-connections-per-ip */
     kvr_upstream_opts upstream;    /**< --connect-timeout-ms, --first-byte-timeout-ms,
                                         --stream-idle-timeout-ms, --max-worker-connections */
     size_t max_routing_text_bytes; /**< --max-routing-text-bytes: routing text kept per request
@@ -152,9 +182,12 @@ char *kvr_config_strndup(kvr_config *c, const char *s, size_t n);
 void *kvr_config_alloc(kvr_config *c, size_t size);
 
 /** Reads the YAML file `path` into `c` (src/config/file.c): top-level global keys through
- *  the global flag table, `listen` {host, port}, `admin` {host, port, token_file}, `defaults`
- *  (per-route keys, into c->route), `workers` (a list of {url, name, weight} maps or plain URL
- *  strings, appended to c->workers with their positions) and `routes` (a list of {name or
+ *  the global flag table, `listen` {host, port}, `admin` {host, port, token_file}, `auth`
+ *  {api_keys_file} (→ c->api_key_file), `egress` {allow: [..], deny: [..]} (lists of scalars,
+ *  kept as written with the section's position), `rate_limits` {NAME: {requests_per_minute,
+ *  tokens_per_minute}} (non-negative integers), `defaults`
+ *  (per-route keys, into c->route), `workers` (a list of {url, name, weight, api_key_file,
+ *  api_key_env, max_inflight} maps or plain URL strings, appended to c->workers with their positions) and `routes` (a list of {name or
  *  model, aliases, targets, per-route keys}; targets are {worker, model, weight} maps or plain
  *  worker names; per-route keys are checked against the route table's types and bounds and
  *  kept as written in `settings`). Every other global flag but config, check and worker is a

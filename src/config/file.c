@@ -33,14 +33,34 @@ typedef struct {
 
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
-static const char *const TOP_KEYS[] = {"listen", "admin", "defaults", "workers", "routes"};
+static const char *const TOP_KEYS[] = {"listen",  "admin",  "auth",       "defaults",
+                                       "workers", "routes", "egress", "rate_limits"};
 static const char *const LISTEN_KEYS[] = {"host", "port"};
 static const char *const LISTEN_FLAGS[] = {"host", "port"};
 static const char *const ADMIN_KEYS[] = {"host", "port", "token_file"};
 static const char *const ADMIN_FLAGS[] = {"admin-host", "admin-port", "admin-token-file"};
+static const char *const AUTH_KEYS[] = {"api_keys_file"};
+static const char *const AUTH_FLAGS[] = {"api-key-file"};
+static const char *const EGRESS_KEYS[] = {"allow", "deny"};
 static const char *const ROUTE_KEYS[] = {"name", "model", "aliases", "targets"};
 /* Global flags that make no sense in the file (or have a section instead): never suggested. */
-static const char *const ARGV_ONLY[] = {"config", "check", "worker"};
+static const char *const ARGV_ONLY[] = {"config", "check", "worker", "api-key-file"};
+
+/* Bounds of a rate: far above any real rate, low enough that a limiter may scale it (to
+ * tokens per millisecond in fixed point, say) without overflowing 64 bits. */
+#define MAX_RATE 1e12
+/* The keys of one rate limit, as flag rows so that values are read (and refused) exactly like
+ * the command line's numbers. */
+static const kvr_flag LIMIT_FLAGS[] = {
+    {.name = "requests-per-minute", .type = KVR_FLAG_U64,
+     .off = offsetof(kvr_rate_limit_spec, requests_per_minute), .min = 0, .max = MAX_RATE},
+    {.name = "tokens-per-minute", .type = KVR_FLAG_U64,
+     .off = offsetof(kvr_rate_limit_spec, tokens_per_minute), .min = 0, .max = MAX_RATE},
+};
+/* A worker's own cap, with --max-inflight's bounds. */
+static const kvr_flag WORKER_MAX_INFLIGHT = {.name = "max-inflight", .type = KVR_FLAG_U32,
+                                             .off = offsetof(kvr_worker_spec, max_inflight),
+                                             .min = 0, .max = 1e9};
 
 __attribute__((format(printf, 3, 4))) static void fail(loader *l, const yaml_node_t *at,
                                                        const char *fmt, ...)
@@ -270,7 +290,7 @@ static int pair(loader *l, const yaml_node_t *m, const yaml_node_pair_t *p, yaml
 #define LINE(n) ((int)(n)->start_mark.line + 1)
 #define COL(n) ((int)(n)->start_mark.column + 1)
 
-/* A mapping of flags into `target`: `listen` and `admin` (fixed `keys`, each naming one of
+/* A mapping of flags into `target`: `listen`, `admin`, `auth` (fixed `keys`, each naming one of
  * `flags` of the global table), or `defaults` (keys NULL: the route table's names). */
 static void settings(loader *l, const yaml_node_t *k, const yaml_node_t *m, void *target,
                      const char *const *keys, const char *const *flags, size_t n)
@@ -297,19 +317,51 @@ static void settings(loader *l, const yaml_node_t *k, const yaml_node_t *m, void
 }
 
 /* Workers and targets have the same shape: a plain scalar (the value of the first key), or a
- * mapping of three keys: the required one, a name, a weight. */
-typedef struct {
-    const char *keys[3];
+ * mapping of the required key, a name, a weight, and the keys only one of them has (handled by
+ * `more`, which returns 0 for a key it does not know). */
+typedef struct shape {
+    const char *keys[6]; /* every key, for the did-you-mean */
+    size_t nkeys;
     const char *what;  /* singular, for "missing" */
     const char *plain; /* what a plain scalar item is */
+    int (*more)(loader *l, const yaml_node_t *k, const yaml_node_t *v, void *ctx);
 } shape;
 
-static const shape WORKER = {{"url", "name", "weight"}, "worker", "a URL"};
-static const shape TARGET = {{"worker", "model", "weight"}, "target", "a worker name"};
+/* The string value of `k` into *out; both key forms of a worker's upstream key given is
+ * refused here rather than one silently winning over the other. */
+static void key_source(loader *l, const yaml_node_t *k, const yaml_node_t *v, const char **out,
+                       const char *other)
+{
+    const char *s = scalar(l, k, v, 1);
+    if (s && other)
+        fail(l, k, "%s: give api_key_file or api_key_env, not both", text(k));
+    else if (s)
+        *out = keep(l, s);
+}
 
-/* One item `it` of list `k`. 0 when it has no usable first key (then it is not kept). */
+static int worker_key(loader *l, const yaml_node_t *k, const yaml_node_t *v, void *ctx)
+{
+    kvr_worker_spec *ws = ctx;
+    if (is(k, "api_key_file"))
+        key_source(l, k, v, &ws->api_key_file, ws->api_key_env);
+    else if (is(k, "api_key_env"))
+        key_source(l, k, v, &ws->api_key_env, ws->api_key_file);
+    else if (is(k, "max_inflight"))
+        apply(l, &WORKER_MAX_INFLIGHT, ws, k, v);
+    else
+        return 0;
+    return 1;
+}
+
+static const shape WORKER = {{"url", "name", "weight", "api_key_file", "api_key_env",
+                              "max_inflight"},
+                             6, "worker", "a URL", worker_key};
+static const shape TARGET = {{"worker", "model", "weight"}, 3, "target", "a worker name", NULL};
+
+/* One item `it` of list `k`. 0 when it has no usable first key (then it is not kept). `ctx`
+ * is given to the shape's `more`. */
 static int entry(loader *l, const shape *sh, const yaml_node_t *k, const yaml_node_t *it,
-                 const char **first, const char **second, double *w)
+                 const char **first, const char **second, double *w, void *ctx)
 {
     const char *s;
     if (it->type == YAML_SCALAR_NODE) {
@@ -335,8 +387,8 @@ static int entry(loader *l, const shape *sh, const yaml_node_t *k, const yaml_no
                 *second = keep(l, s);
         } else if (is(kk, sh->keys[2])) {
             weight(l, kk, v, w);
-        } else {
-            unknown(l, kk, sh->keys, COUNT(sh->keys), NULL, 0);
+        } else if (!sh->more || !sh->more(l, kk, v, ctx)) {
+            unknown(l, kk, sh->keys, sh->nkeys, NULL, 0);
         }
     }
     if (!*first && !bad)
@@ -373,7 +425,7 @@ static void workers(loader *l, const yaml_node_t *k, const yaml_node_t *seq)
         if (!it)
             continue;
         kvr_worker_spec ws = {.weight = 1, .line = LINE(it), .col = COL(it)};
-        if (entry(l, &WORKER, k, it, &ws.url, &ws.name, &ws.weight)) {
+        if (entry(l, &WORKER, k, it, &ws.url, &ws.name, &ws.weight, &ws)) {
             ws.name = ws.name ? ws.name : ws.url;
             c->workers[c->nworkers++] = ws;
         }
@@ -391,33 +443,44 @@ static void targets(loader *l, const yaml_node_t *k, const yaml_node_t *seq, kvr
         if (!it)
             continue;
         kvr_target_spec t = {.line = LINE(it), .col = COL(it)};
-        if (entry(l, &TARGET, k, it, &t.worker, &t.model, &t.weight))
+        if (entry(l, &TARGET, k, it, &t.worker, &t.model, &t.weight, NULL))
             r->targets[r->ntargets++] = t;
+    }
+}
+
+/* A list of non-empty scalars, or one scalar as a list of one (`expect` says what the value
+ * should have been), into a fresh arena array: *out and *n replace what was there. */
+static void strings(loader *l, const yaml_node_t *k, const yaml_node_t *v, const char *expect,
+                    const char ***out, size_t *n)
+{
+    const char *s;
+    if (v->type == YAML_SCALAR_NODE) {
+        if ((s = scalar(l, k, v, 1))) {
+            *out = kvr_config_alloc(l->c, sizeof(**out));
+            (*out)[0] = keep(l, s);
+            *n = 1;
+        }
+        return;
+    }
+    if (v->type != YAML_SEQUENCE_NODE) {
+        fail(l, v, "%s: expected %s", text(k), expect);
+        return;
+    }
+    *out = NULL;
+    *n = 0;
+    if (!nitems(v))
+        return;
+    *out = kvr_config_alloc(l->c, nitems(v) * sizeof(**out));
+    for (size_t i = 0; i < nitems(v); i++) {
+        const yaml_node_t *it = ITEM(l, v, i);
+        if (it && (s = scalar(l, k, it, 1)))
+            (*out)[(*n)++] = keep(l, s);
     }
 }
 
 static void aliases(loader *l, const yaml_node_t *k, const yaml_node_t *v, kvr_route_spec *r)
 {
-    const char *s;
-    if (v->type == YAML_SCALAR_NODE) {
-        if ((s = scalar(l, k, v, 1))) {
-            r->aliases = kvr_config_alloc(l->c, sizeof(*r->aliases));
-            r->aliases[r->naliases++] = keep(l, s);
-        }
-        return;
-    }
-    if (v->type != YAML_SEQUENCE_NODE) {
-        fail(l, v, "%s: expected a name or a list of names", text(k));
-        return;
-    }
-    if (!nitems(v))
-        return;
-    r->aliases = kvr_config_alloc(l->c, nitems(v) * sizeof(*r->aliases));
-    for (size_t i = 0; i < nitems(v); i++) {
-        const yaml_node_t *it = ITEM(l, v, i);
-        if (it && (s = scalar(l, k, it, 1)))
-            r->aliases[r->naliases++] = keep(l, s);
-    }
+    strings(l, k, v, "a name or a list of names", &r->aliases, &r->naliases);
 }
 
 /* One item of `routes`. 0 when it has no usable name (then it is not kept). */
@@ -487,6 +550,69 @@ static void routes(loader *l, const yaml_node_t *k, const yaml_node_t *seq)
     }
 }
 
+/* `egress` {allow, deny}: kept as written; the entries' syntax is the egress module's to
+ * check, against the section's position kept here. */
+static void egress(loader *l, const yaml_node_t *k, const yaml_node_t *m)
+{
+    kvr_config *c = l->c;
+    c->egress_line = LINE(k);
+    c->egress_col = COL(k);
+    if (!want(l, k, m, YAML_MAPPING_NODE))
+        return;
+    static const char expect[] = "a CIDR, IP or host glob, or a list of them";
+    yaml_node_t *kk, *v;
+    EACH_PAIR(m, p) {
+        if (!pair(l, m, p, &kk, &v))
+            continue;
+        if (is(kk, "allow"))
+            strings(l, kk, v, expect, &c->egress_allow, &c->negress_allow);
+        else if (is(kk, "deny"))
+            strings(l, kk, v, expect, &c->egress_deny, &c->negress_deny);
+        else
+            unknown(l, kk, EGRESS_KEYS, COUNT(EGRESS_KEYS), NULL, 0);
+    }
+}
+
+/* `rate_limits` {NAME: {requests_per_minute, tokens_per_minute}}. Duplicate names are the
+ * mapping's duplicate keys (pair()). A limit whose NAME or value is unusable is not kept. */
+static void rate_limits(loader *l, const yaml_node_t *k, const yaml_node_t *m)
+{
+    kvr_config *c = l->c;
+    if (!want(l, k, m, YAML_MAPPING_NODE))
+        return;
+    size_t npairs = (size_t)(m->data.mapping.pairs.top - m->data.mapping.pairs.start);
+    c->rate_limits = NULL;
+    c->nrate_limits = 0;
+    if (!npairs)
+        return;
+    c->rate_limits = kvr_config_alloc(c, npairs * sizeof(*c->rate_limits));
+    yaml_node_t *name, *lim, *kk, *v;
+    EACH_PAIR(m, p) {
+        if (!pair(l, m, p, &name, &lim))
+            continue;
+        /* The name is matched against the key file's NAME: prefixes, which are never empty. */
+        if (is_null(name) || !name->data.scalar.length ||
+            memchr(name->data.scalar.value, '\0', name->data.scalar.length)) {
+            fail(l, name, "%s: expected a key name", text(k));
+            continue;
+        }
+        kvr_rate_limit_spec rl = {.line = LINE(name), .col = COL(name)};
+        if (!want(l, name, lim, YAML_MAPPING_NODE))
+            continue;
+        EACH_PAIR(lim, q) {
+            if (!pair(l, lim, q, &kk, &v))
+                continue;
+            const kvr_flag *f = flag_for(kk, LIMIT_FLAGS, COUNT(LIMIT_FLAGS));
+            if (f)
+                apply(l, f, &rl, kk, v);
+            else
+                unknown(l, kk, NULL, 0, LIMIT_FLAGS, COUNT(LIMIT_FLAGS));
+        }
+        rl.key = keep(l, text(name));
+        c->rate_limits[c->nrate_limits++] = rl;
+    }
+}
+
 static void global(loader *l, const yaml_node_t *k, const yaml_node_t *v)
 {
     const kvr_flag *f = flag_for(k, l->flags, l->nflags);
@@ -494,6 +620,10 @@ static void global(loader *l, const yaml_node_t *k, const yaml_node_t *v)
         unknown(l, k, TOP_KEYS, COUNT(TOP_KEYS), l->flags, l->nflags);
     else if (!strcmp(f->name, "worker"))
         fail(l, k, "worker: only on the command line (use `workers:` in a file)");
+    else if (!strcmp(f->name, "api-key-file"))
+        /* Said plainly: a worker's `api_key_file` (its own upstream key) is another thing, and
+         * a top-level one read as either would be a silent surprise. */
+        fail(l, k, "api_key_file: not a top-level key (client keys: use auth.api_keys_file)");
     else if (argv_only(f->name))
         fail(l, k, "%s: only on the command line", text(k));
     else
@@ -514,6 +644,12 @@ static void top(loader *l, const yaml_node_t *m)
             settings(l, k, v, l->c, LISTEN_KEYS, LISTEN_FLAGS, COUNT(LISTEN_KEYS));
         else if (is(k, "admin"))
             settings(l, k, v, l->c, ADMIN_KEYS, ADMIN_FLAGS, COUNT(ADMIN_KEYS));
+        else if (is(k, "auth"))
+            settings(l, k, v, l->c, AUTH_KEYS, AUTH_FLAGS, COUNT(AUTH_KEYS));
+        else if (is(k, "egress"))
+            egress(l, k, v);
+        else if (is(k, "rate_limits"))
+            rate_limits(l, k, v);
         else if (is(k, "defaults"))
             settings(l, k, v, &l->c->route, NULL, NULL, 0);
         else if (is(k, "workers"))

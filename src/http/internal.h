@@ -64,6 +64,7 @@ typedef struct kvr_http_hoff {
 
 struct kvr_http_req {
     kvr_http_conn *conn;
+    const char *tag;    /**< the handler's label for this request (kvr_http_req_set_tag) */
     /* Request (filled while parsing, read-only for the handler). */
     kvr_buf hbuf; /**< target, names and values, each NUL-terminated; target at offset 0 */
     kvr_http_hoff *offs;
@@ -130,6 +131,7 @@ struct kvr_http_conn {
     int err_status;
     const char *err_msg;
     char peer[64];
+    char ip[48];    /**< the client's address without the port (per-address limit) */
     kvr_http_req req;
 };
 

@@ -31,6 +31,16 @@ const char *kvr_http_req_body(const kvr_http_req *r, size_t *len)
     return r->body.data ? r->body.data : "";
 }
 
+void kvr_http_req_set_tag(kvr_http_req *r, const char *tag)
+{
+    r->tag = tag;
+}
+
+const char *kvr_http_req_tag(const kvr_http_req *r)
+{
+    return r->tag;
+}
+
 void kvr_http_req_release_body(kvr_http_req *r)
 {
     if (r->conn && r->conn->srv)

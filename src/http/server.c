@@ -454,12 +454,16 @@ static void format_peer(kvr_http_conn *c)
         return;
     if (ss.ss_family == AF_INET6) {
         const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)&ss;
-        if (uv_ip6_name(a, ip, sizeof(ip)) == 0)
+        if (uv_ip6_name(a, ip, sizeof(ip)) == 0) {
             snprintf(c->peer, sizeof(c->peer), "[%s]:%u", ip, (unsigned)ntohs(a->sin6_port));
+            snprintf(c->ip, sizeof(c->ip), "%s", ip);
+        }
     } else if (ss.ss_family == AF_INET) {
         const struct sockaddr_in *a = (const struct sockaddr_in *)&ss;
-        if (uv_ip4_name(a, ip, sizeof(ip)) == 0)
+        if (uv_ip4_name(a, ip, sizeof(ip)) == 0) {
             snprintf(c->peer, sizeof(c->peer), "%s:%u", ip, (unsigned)ntohs(a->sin_port));
+            snprintf(c->ip, sizeof(c->ip), "%s", ip);
+        }
     }
 }
 
@@ -520,6 +524,18 @@ static void on_connection(uv_stream_t *ls, int status)
     }
     uv_tcp_nodelay(&c->tcp, 1); /* SSE events must not wait for Nagle */
     format_peer(c);
+    if (l->max_connections_per_ip && c->ip[0]) {
+        /* Linear in open connections: bounded by --max-connections, and only on accept. */
+        size_t same = 0;
+        for (kvr_http_conn *o = s->conns; o; o = o->next)
+            same += o != c && strcmp(o->ip, c->ip) == 0;
+        if (same >= l->max_connections_per_ip) {
+            KVR_WARN("http: --max-connections-per-ip %zu reached for %s; refusing a connection",
+                     l->max_connections_per_ip, c->ip);
+            kvr_http__conn_close(c);
+            return;
+        }
+    }
     kvr_http__arm_timer(c, l->idle_timeout_ms);
     update_reading(c);
 }

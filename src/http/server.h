@@ -51,6 +51,8 @@ typedef struct kvr_http_limits {
     size_t max_connections;       /**< open client connections; one more is accepted and
                                        closed at once, so fds and memory stay bounded
                                        (default 4096) */
+    size_t max_connections_per_ip; /**< open connections from one client address; more are
+                                        closed at once (0 = no limit) */
     size_t write_high_water;      /**< bytes pending to the client above which
                                        kvr_http_resp_write() reports "full" (default 65536) */
 } kvr_http_limits;
@@ -101,6 +103,10 @@ const char *kvr_http_req_target(const kvr_http_req *r);
 int kvr_http_req_minor_version(const kvr_http_req *r);
 /** The body bytes (NUL-terminated for convenience, not counted in `*len`). */
 const char *kvr_http_req_body(const kvr_http_req *r, size_t *len);
+/** A label the handler attaches to the request (e.g. the client key's name for metrics); the
+ *  string is borrowed and must outlive the request. NULL until set; reset per request. */
+void kvr_http_req_set_tag(kvr_http_req *r, const char *tag);
+const char *kvr_http_req_tag(const kvr_http_req *r);
 /** Frees the body now (it then reads as empty) and returns its bytes to the
  *  max_total_body_bytes budget: for a handler that no longer needs it while the response is
  *  still running (a proxied request once its worker answered). */

@@ -10,7 +10,9 @@
 #include <strings.h>
 
 #include "app/reply.h"
+#include "proxy/admission.h"
 #include "proxy/headers.h"
+#include "proxy/ratelimit.h"
 #include "proxy/keys.h"
 #include "proxy/usage.h"
 #include "util/json_read.h"
@@ -57,8 +59,14 @@ typedef struct preq {
     size_t ntried;
     kvr_buf held;         /* SSE: bytes of an event not yet complete, relayed when it is */
     kvr_usage usage;
-    kvr_http_header fwd[MAX_FWD_HEADERS];
-    size_t nfwd;
+    kvr_http_header fwd[MAX_FWD_HEADERS + 1];
+    size_t nfwd, nfixed;  /* headers of every attempt, then the worker's Authorization */
+    char auth[1100];      /* "Bearer <worker key>" of the current attempt */
+    kvr_waiter waiter;    /* in the admission queue while no slot is free */
+    const char *key;      /* the client key's name ("-" without auth) */
+    uint64_t rl_tokens;   /* tokens counted against the key's limit before the answer */
+    kvr_ratelimit_info rl;
+    char rl_val[6][24];   /* x-ratelimit-* values */
 } preq;
 
 static const char *endpoint_path(kvr_endpoint ep)
@@ -122,6 +130,26 @@ static void preq_free(preq *p)
     free(p);
 }
 
+static uint64_t g_inflight;     /* attempts in flight in the process (--max-inflight) */
+static uv_timer_t g_admit_timer; /* dispatches the admission queue and expires its waiters */
+static void schedule_dispatch(kvr_app *app);
+
+static void slot_take(kvr_worker *w)
+{
+    kvr_worker_acquire(w);
+    g_inflight++;
+}
+
+/* A slot freed: queued requests get their turn on the next loop iteration (never from inside
+ * the callback that freed it). */
+static void slot_give(kvr_app *app, kvr_worker *w)
+{
+    kvr_worker_release(w);
+    g_inflight--;
+    if (kvr_admission_depth(app->admission))
+        schedule_dispatch(app);
+}
+
 /* Ends the in-flight unit of the current attempt: exactly once per kvr_worker_acquire. */
 static void attempt_ended(preq *p, int code)
 {
@@ -129,7 +157,7 @@ static void attempt_ended(preq *p, int code)
     snprintf(c, sizeof(c), "%d", code);
     const char *lv[] = {p->w->url, c};
     kvr_metric_inc(p->app->m.worker_requests, lv, 1);
-    kvr_worker_release(p->w);
+    slot_give(p->app, p->w);
     p->att = NULL;
 }
 
@@ -144,9 +172,13 @@ static void count_usage(preq *p)
     kvr_metric_inc(p->app->m.completion_tokens, lv, (double)p->usage.completion);
 }
 
+static void queue_left(preq *p);
+
 static void on_client_gone(void *ud)
 {
     preq *p = ud;
+    if (p->waiter.queued)
+        queue_left(p); /* gone from the queue at once, never reaching a worker */
     count_decision(p);
     if (p->att) {
         kvr_upstream_cancel(p->att);
@@ -183,7 +215,30 @@ static int64_t parse_content_length(const char *v, size_t n)
 }
 
 static int retry_elsewhere(preq *p, const char *reason);
+static size_t exclude_full(preq *p, size_t *ex, size_t cap);
 static void give_verdict(preq *p, int failure);
+
+/* OpenAI's x-ratelimit-* headers for a key with limits (6 entries at `out`); returns how many. */
+static size_t ratelimit_headers(preq *p, kvr_http_header *out)
+{
+    static const char *const names[6] = {
+        "x-ratelimit-limit-requests", "x-ratelimit-remaining-requests",
+        "x-ratelimit-reset-requests", "x-ratelimit-limit-tokens",
+        "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens"};
+    if (!p->rl.limited)
+        return 0;
+    const kvr_ratelimit_info *i = &p->rl;
+    snprintf(p->rl_val[0], 24, "%llu", (unsigned long long)i->limit_requests);
+    snprintf(p->rl_val[1], 24, "%llu", (unsigned long long)i->remaining_requests);
+    snprintf(p->rl_val[2], 24, "%llus", (unsigned long long)i->reset_requests_s);
+    snprintf(p->rl_val[3], 24, "%llu", (unsigned long long)i->limit_tokens);
+    snprintf(p->rl_val[4], 24, "%llu", (unsigned long long)i->remaining_tokens);
+    snprintf(p->rl_val[5], 24, "%llus", (unsigned long long)i->reset_tokens_s);
+    for (size_t k = 0; k < 6; k++)
+        out[k] = (kvr_http_header){names[k], strlen(names[k]), p->rl_val[k],
+                                   strlen(p->rl_val[k])};
+    return 6;
+}
 static void release_body(preq *p);
 
 /* 500/502/503/504 say the worker failed this request, not that the request is wrong. */
@@ -214,11 +269,11 @@ static void on_headers(void *ud, int status, const kvr_http_header *h, size_t n)
             kvr_upstream_cancel(att);
             const char *lv[] = {w->url, c};
             kvr_metric_inc(app->m.worker_requests, lv, 1);
-            kvr_worker_release(w);
+            slot_give(app, w);
             return;
         }
     }
-    kvr_http_header out[MAX_FWD_HEADERS + 4];
+    kvr_http_header out[MAX_FWD_HEADERS + 12];
     size_t k = 0;
     int64_t clen = -1;
     const char *conn = NULL;
@@ -249,6 +304,7 @@ static void on_headers(void *ud, int status, const kvr_http_header *h, size_t n)
     out[k++] = (kvr_http_header){"x-request-id", 12, p->request_id, strlen(p->request_id)};
     snprintf(p->attempts, sizeof(p->attempts), "%zu", p->ntried);
     out[k++] = (kvr_http_header){"x-kvroute-attempts", 18, p->attempts, strlen(p->attempts)};
+    k += ratelimit_headers(p, out + k);
     if (p->pick.match >= 0) {
         snprintf(p->match, sizeof(p->match), "%.2f", p->pick.match);
         out[k++] = (kvr_http_header){"x-kvroute-match", 15, p->match, strlen(p->match)};
@@ -412,9 +468,11 @@ static int retry_elsewhere(preq *p, const char *reason)
 {
     kvr_pick pick;
     const kvr_route_target *target;
+    size_t ex[MAX_ATTEMPTS + 256];
+    /* A retry replaces an attempt that is ending, so only the workers' own caps apply. */
+    size_t nex = exclude_full(p, ex, sizeof(ex) / sizeof(ex[0]));
     if (p->ntried >= (size_t)p->app->cfg.max_retries + 1 || p->ntried >= MAX_ATTEMPTS ||
-        kvr_route_pick(p->route, p->tried, p->ntried, &p->keys.k, p->pin, p->pin_len, &pick,
-                       &target) < 0 ||
+        kvr_route_pick(p->route, ex, nex, &p->keys.k, p->pin, p->pin_len, &pick, &target) < 0 ||
         !kvr_route_retry_allowed(p->route, p->app->cfg.retry_budget, kvr_now_ms()))
         return 0;
     const char *lv[] = {p->model, reason};
@@ -459,6 +517,11 @@ static void on_done(void *ud, kvr_upstream_err err, const char *msg, int got_hea
         if (p->held.len)
             kvr_http_resp_write(p->req, p->held.data, p->held.len);
         count_usage(p);
+        if (p->rl.limited && p->usage.found)
+            kvr_ratelimit_settle(app->ratelimits, p->key,
+                                 (int64_t)(p->usage.prompt + p->usage.completion) -
+                                     (int64_t)p->rl_tokens,
+                                 kvr_now_ms());
         if (p->usage.response_id)
             kvr_route_pin_response(p->route, p->usage.response_id,
                                    strlen(p->usage.response_id), p->w);
@@ -493,13 +556,33 @@ static void build_forward_headers(preq *p)
             kvr_header_is(h->name, h->name_len, "host") ||
             kvr_header_is(h->name, h->name_len, "content-length") ||
             kvr_header_is(h->name, h->name_len, "expect") ||
-            kvr_header_is(h->name, h->name_len, "x-request-id"))
-            continue;
+            kvr_header_is(h->name, h->name_len, "x-request-id") ||
+            kvr_header_is(h->name, h->name_len, "authorization") ||
+            kvr_header_is(h->name, h->name_len, "x-api-key"))
+            continue; /* client credentials are kvroute's to check, never the worker's */
         p->fwd[p->nfwd++] = *h;
     }
     p->fwd[p->nfwd++] =
         (kvr_http_header){"x-request-id", 12, p->request_id, strlen(p->request_id)};
+    p->nfixed = p->nfwd;
 }
+
+/* The worker's own key goes with every attempt to it (each attempt may be another worker). */
+static size_t attempt_headers(preq *p)
+{
+    p->nfwd = p->nfixed;
+    if (p->w->api_key) {
+        int n = snprintf(p->auth, sizeof(p->auth), "Bearer %s", p->w->api_key);
+        if (n > 0 && (size_t)n < sizeof(p->auth))
+            p->fwd[p->nfwd++] = (kvr_http_header){"Authorization", 13, p->auth, (size_t)n};
+    }
+    return p->nfwd;
+}
+
+static void begin(preq *p);
+static int pick_with_room(preq *p, int process);
+static void enqueue(preq *p);
+static int over_rate_limit(preq *p, const json_t *body);
 
 static void no_eligible(preq *p)
 {
@@ -541,20 +624,193 @@ void kvr_proxy_forward(kvr_app *app, kvr_http_req *r, kvr_endpoint ep, kvr_route
     p->ep = ep;
     preq_link(p);
     set_request_id(p);
-    kvr_route_count_request(route, kvr_now_ms());
-    if (kvr_route_pick(route, NULL, 0, &p->keys.k, p->pin, p->pin_len, &p->pick, &p->target) <
-        0) {
-        no_eligible(p);
+    p->key = kvr_http_req_tag(r) ? kvr_http_req_tag(r) : "-";
+    if (over_rate_limit(p, body))
         return;
-    }
-    if (p->pick.match >= 0) {
-        const char *lv[] = {p->model};
-        kvr_metric_observe(app->m.match_ratio, lv, p->pick.match);
-    }
+    kvr_route_count_request(route, kvr_now_ms());
     build_forward_headers(p);
     kvr_http_req_cbs cbs = {on_drain, on_client_gone};
     kvr_http_req_set_cbs(r, &cbs, p);
+    int rc = pick_with_room(p, 1);
+    if (rc < 0) {
+        no_eligible(p);
+        return;
+    }
+    if (rc == 0) {
+        enqueue(p);
+        return;
+    }
+    begin(p);
+}
+
+/* A slot is free for a request that has its pick: record the decision's match and start. */
+static void begin(preq *p)
+{
+    if (p->pick.match >= 0) {
+        const char *lv[] = {p->model};
+        kvr_metric_observe(p->app->m.match_ratio, lv, p->pick.match);
+    }
     start_attempt(p);
+}
+
+/* Workers of the route at their max_inflight, added to the exclusion list after the tried
+ * ones; returns the list's new length. */
+static size_t exclude_full(preq *p, size_t *ex, size_t cap)
+{
+    size_t n = p->ntried;
+    memcpy(ex, p->tried, n * sizeof(*ex));
+    for (size_t i = 0; i < p->route->ntargets && n < cap; i++) {
+        const kvr_worker *w = p->route->targets[i].worker;
+        if (w->max_inflight && (uint64_t)w->inflight >= w->max_inflight)
+            ex[n++] = w->id;
+    }
+    return n;
+}
+
+/* Picks among the eligible untried workers that have room (--max-inflight for the process
+ * when `process` is set; each worker's max_inflight). 1: picked; 0: eligible workers exist
+ * but none has room now (wait); -1: no eligible worker at all. */
+static int pick_with_room(preq *p, int process)
+{
+    size_t ex[MAX_ATTEMPTS + 256];
+    if (kvr_route_eligible(p->route, p->route->scratch) == 0)
+        return -1;
+    if (process && p->app->cfg.max_inflight && g_inflight >= p->app->cfg.max_inflight)
+        return 0;
+    size_t n = exclude_full(p, ex, sizeof(ex) / sizeof(ex[0]));
+    int rc = kvr_route_pick(p->route, ex, n, &p->keys.k, p->pin, p->pin_len, &p->pick,
+                            &p->target);
+    return rc == 0 ? 1 : n > p->ntried ? 0 : -1;
+}
+
+static void overloaded(kvr_app *app, kvr_http_req *r, const char *model, const char *reason,
+                       const char *msg)
+{
+    char ra[24];
+    snprintf(ra, sizeof(ra), "%llu", (unsigned long long)app->cfg.retry_after_s);
+    kvr_http_header h = {"Retry-After", 11, ra, strlen(ra)};
+    const char *lv[] = {model, reason};
+    kvr_metric_inc(app->m.rejected, lv, 1);
+    kvr_reply_error_typed(app, r, model, 503, msg, "server_error", NULL, "overloaded", &h, 1);
+}
+
+static void enqueue(preq *p)
+{
+    kvr_app *app = p->app;
+    p->waiter.key = p->key;
+    p->waiter.since_ms = kvr_now_ms();
+    if (kvr_admission_push(app->admission, &p->waiter) < 0) {
+        overloaded(app, p->req, p->model, "queue_full",
+                   "kvroute is at capacity and its queue is full; retry later");
+        preq_free(p);
+        return;
+    }
+    const char *lv[] = {p->model};
+    kvr_metric_inc(app->m.queue_depth, lv, 1);
+    schedule_dispatch(app); /* arms the timeout sweep */
+}
+
+/* Leaves the queue (started, timed out or client gone): depth and wait time. */
+static void dequeued(preq *p)
+{
+    const char *lv[] = {p->model};
+    kvr_metric_inc(p->app->m.queue_depth, lv, -1);
+    kvr_metric_observe(p->app->m.queue_wait, lv,
+                       (double)(kvr_now_ms() - p->waiter.since_ms) / 1000.0);
+}
+
+static void queue_left(preq *p)
+{
+    kvr_admission_remove(p->app->admission, &p->waiter);
+    dequeued(p);
+}
+
+static int try_start_waiter(void *ud, kvr_waiter *w)
+{
+    (void)ud;
+    preq *p = (preq *)((char *)w - offsetof(preq, waiter));
+    int rc = pick_with_room(p, 1);
+    if (rc == 0)
+        return 0;
+    dequeued(p);
+    if (rc < 0)
+        no_eligible(p);
+    else
+        begin(p);
+    return 1;
+}
+
+static void admit_tick(uv_timer_t *t)
+{
+    kvr_app *app = t->data;
+    uint64_t now = kvr_now_ms();
+    kvr_waiter *w;
+    while ((w = kvr_admission_oldest(app->admission)) &&
+           now - w->since_ms >= app->cfg.queue_timeout_ms) {
+        preq *p = (preq *)((char *)w - offsetof(preq, waiter));
+        queue_left(p);
+        overloaded(app, p->req, p->model, "queue_timeout",
+                   "no slot became free within the queue timeout; retry later");
+        preq_free(p);
+    }
+    kvr_admission_dispatch(app->admission, try_start_waiter, app);
+    if (!kvr_admission_depth(app->admission))
+        uv_timer_stop(t);
+}
+
+static void schedule_dispatch(kvr_app *app)
+{
+    if (!g_admit_timer.loop) {
+        uv_timer_init(app->loop, &g_admit_timer);
+        g_admit_timer.data = app;
+    }
+    /* Now, then every 50 ms while anything waits (timeouts need no traffic to fire). */
+    uv_timer_start(&g_admit_timer, admit_tick, 0, 50);
+}
+
+void kvr_proxy_stop(kvr_app *app)
+{
+    (void)app;
+    if (g_admit_timer.loop) {
+        uv_timer_stop(&g_admit_timer);
+        uv_close((uv_handle_t *)&g_admit_timer, NULL);
+    }
+}
+
+/* What a request may cost before it runs: ~4 bytes of body per prompt token, plus the
+ * completion it asks for at most. Settled against its usage when it ends. */
+static uint64_t token_estimate(const preq *p, const json_t *body)
+{
+    size_t len;
+    kvr_http_req_body(p->req, &len);
+    json_int_t mt = json_integer_value(json_object_get(body, "max_completion_tokens"));
+    if (mt <= 0)
+        mt = json_integer_value(json_object_get(body, "max_tokens"));
+    return len / 4 + (mt > 0 ? (uint64_t)mt : 0);
+}
+
+/* Per-key limits: a refused request gets 429 with Retry-After and the x-ratelimit-* headers.
+ * Returns 1 when it was answered. */
+static int over_rate_limit(preq *p, const json_t *body)
+{
+    kvr_app *app = p->app;
+    p->rl_tokens = token_estimate(p, body);
+    if (!kvr_ratelimit_take(app->ratelimits, p->key, p->rl_tokens, kvr_now_ms(), &p->rl))
+        return 0;
+    kvr_http_header h[8];
+    char ra[24];
+    snprintf(ra, sizeof(ra), "%llu", (unsigned long long)p->rl.retry_after_s);
+    h[0] = (kvr_http_header){"Retry-After", 11, ra, strlen(ra)};
+    size_t n = 1 + ratelimit_headers(p, h + 1);
+    const char *lv[] = {p->model, "rate_limited"};
+    kvr_metric_inc(app->m.rejected, lv, 1);
+    kvr_reply_error_typed(app, p->req, p->model, 429,
+                          "Rate limit reached for this API key; retry after the Retry-After "
+                          "delay",
+                          "requests", NULL, "rate_limit_exceeded", h, n);
+    p->rl.limited = 0;
+    preq_free(p);
+    return 1;
 }
 
 /* The body for the current target: the client's bytes, or a copy whose `model` value names
@@ -596,14 +852,14 @@ static int start_attempt(preq *p)
         preq_free(p);
         return 0;
     }
-    kvr_worker_acquire(p->w);
+    slot_take(p->w);
     p->trial = kvr_app_attempt_start(p->app, p->w);
     p->verdict = 0;
-    p->att = kvr_upstream_start(p->app->up, "POST", p->url, p->fwd, p->nfwd, body, blen,
+    p->att = kvr_upstream_start(p->app->up, "POST", p->url, p->fwd, attempt_headers(p), body, blen,
                                 &upstream_cbs, p);
     if (!p->att) {
         kvr_app_attempt_abandon(p->app, p->w, p->trial);
-        kvr_worker_release(p->w);
+        slot_give(p->app, p->w);
         count_error(p, KVR_UP_OTHER);
         count_decision(p);
         kvr_reply_error(p->app, p->req, p->model, 502, "could not start the upstream request",
@@ -622,6 +878,8 @@ size_t kvr_proxy_shutdown(kvr_app *app)
     while (g_live) {
         preq *p = g_live;
         n++;
+        if (p->waiter.queued)
+            queue_left(p);
         if (p->att) {
             kvr_upstream_cancel(p->att);
             kvr_app_attempt_abandon(app, p->w, p->trial);

@@ -16,6 +16,9 @@
 void kvr_proxy_forward(kvr_app *app, kvr_http_req *r, kvr_endpoint ep, kvr_route *route,
                        const json_t *body);
 
+/** Closes the admission queue's timer (shutdown, after kvr_proxy_shutdown). */
+void kvr_proxy_stop(kvr_app *app);
+
 /** Ends every proxied request still in progress (drain timeout): cancels its worker transfer;
  *  a request with no response yet gets 503 (code "shutting_down"); an SSE stream gets a final
  *  error event and a proper end; any other body is cut. Returns how many were ended. The

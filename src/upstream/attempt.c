@@ -29,6 +29,7 @@ const char *kvr_upstream_err_name(kvr_upstream_err e)
     case KVR_UP_IDLE_TIMEOUT: return "stream_idle_timeout";
     case KVR_UP_RESET: return "reset";
     case KVR_UP_PROTOCOL: return "protocol";
+    case KVR_UP_EGRESS_DENIED: return "egress_denied";
     case KVR_UP_OTHER: break;
     }
     return "other";
@@ -50,6 +51,11 @@ kvr_upstream_err kvr_up__map_result(kvr_upstream_attempt *a, CURLcode rc, const 
         *msg = "ok";
         return KVR_UP_OK;
     case CURLE_COULDNT_CONNECT:
+        if (a->egress_denied) {
+            *msg = "the egress policy refused every address of the worker";
+            return KVR_UP_EGRESS_DENIED;
+        }
+        return KVR_UP_CONNECT;
     case CURLE_COULDNT_RESOLVE_HOST:
     case CURLE_COULDNT_RESOLVE_PROXY:
         return KVR_UP_CONNECT;
@@ -293,6 +299,24 @@ static size_t write_cb(char *p, size_t size, size_t nitems, void *ud)
 
 /* ---- creation and per-request setup ---- */
 
+/* Every new connection passes the egress hook with the address DNS gave, so a name that now
+ * resolves into a denied range is refused (a pooled connection was checked when opened). */
+static curl_socket_t open_socket(void *clientp, curlsocktype purpose, struct curl_sockaddr *ad)
+{
+    kvr_upstream_attempt *a = clientp;
+    const kvr_upstream_opts *o = &a->u->opts;
+    (void)purpose;
+    if (o->allow_connect) {
+        char *url = NULL;
+        curl_easy_getinfo(a->easy, CURLINFO_EFFECTIVE_URL, &url);
+        if (!o->allow_connect(o->allow_connect_ud, url ? url : "", &ad->addr)) {
+            a->egress_denied = 1; /* another address of the name may still be allowed */
+            return CURL_SOCKET_BAD;
+        }
+    }
+    return socket(ad->family, ad->socktype, ad->protocol);
+}
+
 kvr_upstream_attempt *kvr_up__attempt_new(kvr_upstream *u)
 {
     kvr_upstream_attempt *a = calloc(1, sizeof(*a));
@@ -315,6 +339,8 @@ kvr_upstream_attempt *kvr_up__attempt_new(kvr_upstream *u)
     CURL *e = a->easy;
     CURLcode rc = CURLE_OK;
     rc |= curl_easy_setopt(e, CURLOPT_PRIVATE, a);
+    rc |= curl_easy_setopt(e, CURLOPT_OPENSOCKETFUNCTION, open_socket);
+    rc |= curl_easy_setopt(e, CURLOPT_OPENSOCKETDATA, a);
     rc |= curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
     rc |= curl_easy_setopt(e, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
     rc |= curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
@@ -457,6 +483,7 @@ int kvr_up__attempt_prepare(kvr_upstream_attempt *a, const char *method, const c
     a->errbuf[0] = '\0';
     a->fail_kind = KVR_UP_OK;
     a->fail_msg = NULL;
+    a->egress_denied = 0;
     a->status = 0;
     a->nhdrs = 0;
     a->in_multi = a->paused = a->resume_req = a->got_headers = a->in_block = 0;

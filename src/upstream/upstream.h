@@ -8,6 +8,7 @@
 #define KVR_UPSTREAM_UPSTREAM_H
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
 #include <uv.h>
 
 #include "http/server.h" /* kvr_http_header */
@@ -26,6 +27,11 @@ typedef struct kvr_upstream_opts {
                                           counted (default 120000) */
     long max_host_connections;       /**< per worker (CURLMOPT_MAX_HOST_CONNECTIONS; 0 = none) */
     long max_total_connections;      /**< connection cache size (CURLMOPT_MAXCONNECTS; 1024) */
+    /** Optional connect-time check (the egress policy): called for every new connection with
+     *  the request's URL and the address about to be dialled (after DNS resolution); returning
+     *  0 refuses it and the attempt fails with KVR_UP_EGRESS_DENIED. */
+    int (*allow_connect)(void *ud, const char *url, const struct sockaddr *sa);
+    void *allow_connect_ud;
 } kvr_upstream_opts;
 void kvr_upstream_opts_default(kvr_upstream_opts *o);
 
@@ -39,6 +45,7 @@ typedef enum kvr_upstream_err {
     KVR_UP_IDLE_TIMEOUT,     /**< "stream_idle_timeout" */
     KVR_UP_RESET,            /**< "reset": connection closed/reset before the response ended */
     KVR_UP_PROTOCOL,         /**< "protocol": malformed response */
+    KVR_UP_EGRESS_DENIED,    /**< "egress_denied": the egress policy refused the address */
     KVR_UP_OTHER,            /**< "other" */
 } kvr_upstream_err;
 const char *kvr_upstream_err_name(kvr_upstream_err e);

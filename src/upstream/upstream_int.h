@@ -44,6 +44,7 @@ struct kvr_upstream_attempt {
     unsigned resume_req : 1;  /* resume asked for inside a libcurl callback */
     unsigned got_headers : 1; /* on_headers ran */
     unsigned in_block : 1;    /* inside a response head (status line seen, blank line not) */
+    unsigned egress_denied : 1; /* the egress hook refused an address of this attempt */
     int status;               /* status of the head being parsed */
     uint64_t start_ms;        /* uv_now() at kvr_upstream_start (first-byte deadline) */
     uint64_t last_rx_ms;      /* uv_now() of the last body bytes (or of headers / resume) */

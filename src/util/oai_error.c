@@ -38,10 +38,16 @@ static int put_json_string(kvr_buf *out, const char *s)
 int kvr_oai_error_json(kvr_buf *out, int status, const char *message, const char *param,
                        const char *code)
 {
+    return kvr_oai_error_json_typed(out, kvr_oai_error_type(status), message, param, code);
+}
+
+int kvr_oai_error_json_typed(kvr_buf *out, const char *type, const char *message,
+                             const char *param, const char *code)
+{
     int rc = kvr_buf_puts(out, "{\"error\":{\"message\":");
     rc |= put_json_string(out, message);
     rc |= kvr_buf_puts(out, ",\"type\":");
-    rc |= put_json_string(out, kvr_oai_error_type(status));
+    rc |= put_json_string(out, type);
     rc |= kvr_buf_puts(out, ",\"param\":");
     rc |= put_json_string(out, param);
     rc |= kvr_buf_puts(out, ",\"code\":");

@@ -13,4 +13,9 @@ const char *kvr_oai_error_type(int status);
 int kvr_oai_error_json(kvr_buf *out, int status, const char *message, const char *param,
                        const char *code);
 
+/** The same with an explicit `type` (OpenAI answers a bad key with invalid_request_error and
+ *  an overload with server_error, whatever the status's usual type). */
+int kvr_oai_error_json_typed(kvr_buf *out, const char *type, const char *message,
+                             const char *param, const char *code);
+
 #endif

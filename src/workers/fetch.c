@@ -71,8 +71,8 @@ static void on_timeout(uv_timer_t *t)
 
 static const kvr_upstream_cbs cbs = {on_headers, on_body, on_done};
 
-int kvr_fetch(uv_loop_t *loop, kvr_upstream *u, const char *url, size_t max_bytes,
-              uint64_t timeout_ms, kvr_fetch_cb cb, void *ud)
+int kvr_fetch(uv_loop_t *loop, kvr_upstream *u, const char *url, const char *bearer,
+              size_t max_bytes, uint64_t timeout_ms, kvr_fetch_cb cb, void *ud)
 {
     fetch *f = calloc(1, sizeof(*f));
     if (!f)
@@ -80,7 +80,13 @@ int kvr_fetch(uv_loop_t *loop, kvr_upstream *u, const char *url, size_t max_byte
     kvr_buf_init(&f->body, max_bytes);
     f->cb = cb;
     f->ud = ud;
-    f->att = kvr_upstream_start(u, "GET", url, NULL, 0, NULL, 0, &cbs, f);
+    char auth[1100];
+    kvr_http_header h = {"Authorization", 13, auth, 0};
+    if (bearer)
+        h.value_len = (size_t)snprintf(auth, sizeof(auth), "Bearer %s", bearer);
+    /* libcurl copies request headers at start, so `auth` may go with this frame. */
+    f->att = kvr_upstream_start(u, "GET", url, &h, bearer && h.value_len < sizeof(auth) ? 1 : 0,
+                                NULL, 0, &cbs, f);
     if (!f->att) {
         free(f);
         return -1;

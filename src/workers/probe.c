@@ -30,7 +30,7 @@ int kvr_probe_worker(kvr_workers_ctx *ctx, kvr_worker *w, const char *path, size
         return -1;
     }
     *pr = (probe){ctx, w->id, cb};
-    if (kvr_fetch(ctx->loop, ctx->up, url, max_bytes, timeout_ms, on_fetched, pr) < 0) {
+    if (kvr_fetch(ctx->loop, ctx->up, url, w->api_key, max_bytes, timeout_ms, on_fetched, pr) < 0) {
         free(pr);
         return -1;
     }

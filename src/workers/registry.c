@@ -39,6 +39,7 @@ void kvr_worker_unref(kvr_worker *w)
     if (!w || --w->refs > 0)
         return;
     free_models(w);
+    kvr_worker_set_api_key(w, NULL);
     free(w->url);
     free(w->name);
     free(w);
@@ -178,6 +179,15 @@ int kvr_worker_set_models(kvr_worker *w, const char *const *ids, size_t n)
     w->models = m;
     w->nmodels = n;
     return 1;
+}
+
+void kvr_worker_set_api_key(kvr_worker *w, const char *key)
+{
+    if (w->api_key) {
+        memset(w->api_key, 0, strlen(w->api_key));
+        free(w->api_key);
+    }
+    w->api_key = key ? strdup(key) : NULL;
 }
 
 int kvr_worker_lists(const kvr_worker *w, const char *model)

@@ -44,6 +44,8 @@ void kvr_worker_unref(kvr_worker *w);
 /** Replaces the model list learned from its /v1/models (ids copied). Returns 1 when the list
  *  changed (as a set, in order), 0 when it is the same. */
 int kvr_worker_set_models(kvr_worker *w, const char *const *ids, size_t n);
+/** Replaces the worker's own API key (copied; NULL = none; the old one is wiped). */
+void kvr_worker_set_api_key(kvr_worker *w, const char *key);
 /** 1 when `w` listed `model` in its last /v1/models answer. */
 int kvr_worker_lists(const kvr_worker *w, const char *model);
 

@@ -13,6 +13,10 @@ typedef struct kvr_worker {
     char *name;             /**< its name in the config (defaults to the URL); routes' targets
                                  and the admin paths name it */
     double weight;          /**< configured weight (1): the default weight of its targets */
+    char *api_key;          /**< the worker's own API key (owned; NULL = none), sent as
+                                 `Authorization: Bearer` on every request kvroute makes to it;
+                                 never logged or shown */
+    uint32_t max_inflight;  /**< most attempts in flight here (0 = no limit) */
     size_t id;              /**< unique for the process's life (never reused after removal):
                                  the index of per-worker state in routes and indexes */
     int refs;               /**< the registry's reference + one per route targeting it

@@ -384,6 +384,160 @@ static void cyclic_alias(void **state)
     done(l);
 }
 
+/* Client auth, egress, rate limits, admission limits and a worker's own key and cap. */
+static const char SECURITY[] = "auth:\n"
+                               "  api_keys_file: /etc/kvroute/keys\n"
+                               "metrics_require_key: true\n"
+                               "max_inflight: 64\n"
+                               "max_queue: 100\n"
+                               "queue_timeout_ms: 5000\n"
+                               "max_connections_per_ip: 16\n"
+                               "egress:\n"
+                               "  allow: [10.0.0.0/8, \"*.internal\"]\n"
+                               "  deny: 169.254.169.254\n"
+                               "rate_limits:\n"
+                               "  alice: {requests_per_minute: 60, tokens_per_minute: 100000}\n"
+                               "  \"bob\":\n"
+                               "    tokens_per_minute: 1000000000000\n"
+                               "  carol: {}\n"
+                               "workers:\n"
+                               "  - url: http://127.0.0.1:9001\n"
+                               "    api_key_file: /etc/kvroute/w1.key\n"
+                               "    max_inflight: 4\n"
+                               "  - {url: http://127.0.0.1:9002, api_key_env: W2_KEY}\n"
+                               "  - http://127.0.0.1:9003\n";
+
+static void security_file(void **state)
+{
+    (void)state;
+    loaded *l = load(SECURITY);
+    kvr_config *c = &l->c;
+    kvr_errlist_print(&l->errs, stderr, "unexpected: ");
+    assert_int_equal(l->rc, 0);
+    assert_int_equal(l->errs.n, 0);
+
+    assert_string_equal(c->api_key_file, "/etc/kvroute/keys");
+    assert_int_equal(c->metrics_require_key, 1);
+    assert_int_equal(c->max_inflight, 64);
+    assert_int_equal(c->max_queue, 100);
+    assert_int_equal(c->queue_timeout_ms, 5000);
+    assert_int_equal(c->http.max_connections_per_ip, 16);
+
+    assert_int_equal(c->egress_line, 8);
+    assert_int_equal(c->egress_col, 1);
+    assert_int_equal(c->negress_allow, 2);
+    assert_string_equal(c->egress_allow[0], "10.0.0.0/8");
+    assert_string_equal(c->egress_allow[1], "*.internal");
+    assert_int_equal(c->negress_deny, 1); /* one scalar: a list of one */
+    assert_string_equal(c->egress_deny[0], "169.254.169.254");
+
+    assert_int_equal(c->nrate_limits, 3);
+    const kvr_rate_limit_spec *r = c->rate_limits;
+    assert_string_equal(r[0].key, "alice");
+    assert_true(r[0].requests_per_minute == 60);
+    assert_true(r[0].tokens_per_minute == 100000);
+    assert_int_equal(r[0].line, 12);
+    assert_int_equal(r[0].col, 3);
+    assert_string_equal(r[1].key, "bob");
+    assert_true(r[1].requests_per_minute == 0);
+    assert_true(r[1].tokens_per_minute == 1000000000000u);
+    assert_int_equal(r[1].line, 13);
+    assert_int_equal(r[1].col, 3);
+    assert_string_equal(r[2].key, "carol");
+    assert_true(r[2].requests_per_minute == 0 && r[2].tokens_per_minute == 0);
+    assert_int_equal(r[2].line, 15);
+
+    assert_int_equal(c->nworkers, 3);
+    assert_string_equal(c->workers[0].api_key_file, "/etc/kvroute/w1.key");
+    assert_null(c->workers[0].api_key_env);
+    assert_int_equal(c->workers[0].max_inflight, 4);
+    assert_null(c->workers[1].api_key_file);
+    assert_string_equal(c->workers[1].api_key_env, "W2_KEY");
+    assert_int_equal(c->workers[1].max_inflight, 0);
+    assert_null(c->workers[2].api_key_file);
+    assert_null(c->workers[2].api_key_env);
+    assert_int_equal(c->workers[2].max_inflight, 0);
+    done(l);
+
+    /* Nothing written: nothing set. */
+    l = load("seed: 1\n");
+    assert_null(l->c.api_key_file);
+    assert_int_equal(l->c.negress_allow + l->c.negress_deny + l->c.nrate_limits, 0);
+    assert_int_equal(l->c.egress_line, 0);
+    done(l);
+}
+
+static void security_errors(void **state)
+{
+    (void)state;
+    loaded *l = load("workers:\n"
+                     "  - {url: http://a, max_inflight: -1}\n"
+                     "  - {url: http://b, max_inflight: 1.5, api_key_fil: f}\n"
+                     "  - {url: http://c, api_key_file: f, api_key_env: E, max_inflight: ''}\n"
+                     "egress:\n"
+                     "  alow: [x]\n"
+                     "  deny: {a: b}\n"
+                     "  allow: ['', ok, [n]]\n"
+                     "rate_limits:\n"
+                     "  alice: {requests_per_minute: 10, token_per_minute: 5}\n"
+                     "  alice: {}\n"
+                     "  bob: ~\n"
+                     "  carol: {requests_per_minute: 1e13, tokens_per_minute: x, rpm: 1}\n"
+                     "  '': {}\n"
+                     "api_key_file: /etc/keys\n"
+                     "auth: {api_key_file: /x}\n"
+                     "rate_limit: {}\n"
+                     "egress: {}\n");
+    assert_int_equal(l->rc, -1);
+    assert_error(l, 0, "2:35: max_inflight: bad value '-1' (expected an integer in [0, 1e+09])");
+    assert_error(l, 1, "3:35: max_inflight: bad value '1.5' (expected an integer in [0, 1e+09])");
+    assert_error(l, 2, "3:40: unknown key 'api_key_fil' (did you mean 'api_key_file'?)");
+    assert_error(l, 3, "4:38: api_key_env: give api_key_file or api_key_env, not both");
+    assert_error(l, 4, "4:68: max_inflight: bad value '' (expected an integer in [0, 1e+09])");
+    assert_error(l, 5, "6:3: unknown key 'alow' (did you mean 'allow'?)");
+    assert_error(l, 6, "7:9: deny: expected a CIDR, IP or host glob, or a list of them");
+    assert_error(l, 7, "8:11: allow: expected a value");
+    assert_error(l, 8, "8:19: allow: expected a scalar");
+    assert_error(l, 9, "10:36: unknown key 'token_per_minute' (did you mean 'tokens_per_minute'?)");
+    assert_error(l, 10, "11:3: duplicate key 'alice' (first at line 10)");
+    assert_error(l, 11, "12:8: bob: expected a value");
+    assert_error(l, 12, "13:32: requests_per_minute: bad value '1e13' (expected an integer in "
+                        "[0, 1e+12])");
+    assert_error(l, 13, "13:57: tokens_per_minute: bad value 'x' (expected an integer in "
+                        "[0, 1e+12])");
+    assert_error(l, 14, "13:60: unknown key 'rpm'");
+    assert_error(l, 15, "14:3: rate_limits: expected a key name");
+    assert_error(l, 16, "15:1: api_key_file: not a top-level key (client keys: use "
+                        "auth.api_keys_file)");
+    assert_error(l, 17, "16:8: unknown key 'api_key_file' (did you mean 'api_keys_file'?)");
+    assert_error(l, 18, "17:1: unknown key 'rate_limit' (did you mean 'rate_limits'?)");
+    assert_error(l, 19, "18:1: duplicate key 'egress' (first at line 5)");
+    assert_int_equal(l->errs.n, 20);
+    /* Nothing refused was applied; what is kept is well formed. */
+    assert_null(l->c.api_key_file);
+    assert_int_equal(l->c.nworkers, 3);
+    assert_int_equal(l->c.workers[0].max_inflight, 0);
+    assert_string_equal(l->c.workers[2].api_key_file, "f");
+    assert_null(l->c.workers[2].api_key_env);
+    assert_int_equal(l->c.negress_allow, 1);
+    assert_string_equal(l->c.egress_allow[0], "ok");
+    assert_int_equal(l->c.negress_deny, 0);
+    assert_int_equal(l->c.nrate_limits, 2);
+    assert_string_equal(l->c.rate_limits[0].key, "alice");
+    assert_true(l->c.rate_limits[0].requests_per_minute == 10);
+    assert_string_equal(l->c.rate_limits[1].key, "carol");
+    done(l);
+
+    /* Section shapes. */
+    l = load("auth: /etc/keys\negress: [x]\nrate_limits: [a]\n");
+    assert_error(l, 0, "1:7: auth: expected a mapping");
+    assert_error(l, 1, "2:9: egress: expected a mapping");
+    assert_error(l, 2, "3:14: rate_limits: expected a mapping");
+    assert_int_equal(l->errs.n, 3);
+    assert_int_equal(l->c.egress_line, 2); /* the section's position even when refused */
+    done(l);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -392,6 +546,7 @@ int main(void)
         cmocka_unit_test(yaml_values), cmocka_unit_test(syntax_error),
         cmocka_unit_test(unreadable_and_empty), cmocka_unit_test(appends),
         cmocka_unit_test(caps),        cmocka_unit_test(cyclic_alias),
+        cmocka_unit_test(security_file), cmocka_unit_test(security_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
