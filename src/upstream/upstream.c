@@ -19,12 +19,14 @@
  * (measured: about 5 fewer allocations per request than a reset, of about 38). */
 #include <assert.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "upstream/upstream_int.h"
 #include "util/log.h"
 
 void kvr_upstream_opts_default(kvr_upstream_opts *o)
 {
+    memset(o, 0, sizeof(*o)); /* hooks and later fields off unless set */
     o->connect_timeout_ms = 5000;
     o->first_byte_timeout_ms = 600000;
     o->stream_idle_timeout_ms = 120000;

@@ -385,7 +385,11 @@ static int loop_setup(void **state)
 static int loop_teardown(void **state)
 {
     (void)state;
-    uv_run(&L, UV_RUN_DEFAULT); /* every handle must get closed: no timer or poll left behind */
+    /* Every handle must get closed: no timer or poll left behind. Bounded, so a test that
+     * failed half-way (leaving its client open) fails instead of hanging the suite. */
+    uint64_t deadline = uv_now(&L) + 5000;
+    while (uv_run(&L, UV_RUN_NOWAIT) && uv_now(&L) < deadline)
+        usleep(1000), uv_update_time(&L);
     return uv_loop_close(&L);
 }
 
@@ -895,6 +899,10 @@ static void test_connect_timeout(void **state)
         fill[i] = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
         (void)connect(fill[i], (struct sockaddr *)&sa, sizeof(sa));
     }
+    /* Wait until the queue is really full (the first fills connected), not a fixed time: on a
+     * loaded machine 50 ms was not always enough and the client then connected. */
+    struct pollfd pf = {.fd = fill[0], .events = POLLOUT};
+    (void)poll(&pf, 1, 2000);
     usleep(50 * 1000);
     kvr_upstream_opts o;
     kvr_upstream_opts_default(&o);
