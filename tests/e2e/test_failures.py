@@ -644,6 +644,9 @@ def holding_worker():
 def test_request_bodies_are_freed_once_the_worker_answered(kvroute, holding_worker):
     """64 concurrent requests of ~8 MiB each whose streams stay open: once all their headers
     arrived, kvroute's RSS is within 64 MiB of its idle RSS (the bodies, 512 MiB, are freed)."""
+    from conftest import KVROUTE_BIN
+    if b"__asan_init" in KVROUTE_BIN.read_bytes():
+        pytest.skip("an ASan build keeps freed memory in its quarantine: RSS says nothing here")
     w = holding_worker
     n, size = 64, 8 * MiB
     kv = kvroute([w.url], health_interval_ms=0,
