@@ -125,9 +125,3 @@ kvr_auth_result kvr_auth_check(const kvr_auth *a, kvr_http_req *r, const char **
     *name = hit->name;
     return KVR_AUTH_OK;
 }
-
-int kvr_auth_is_credential_header(const char *name, size_t nl)
-{
-    return (nl == 13 && strncasecmp(name, "authorization", 13) == 0) ||
-           (nl == 9 && strncasecmp(name, "x-api-key", 9) == 0);
-}

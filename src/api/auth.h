@@ -25,8 +25,4 @@ const char *kvr_auth_reason(kvr_auth_result r); /* "missing" or "invalid" */
  *  points at the key's name (owned by the store, valid until kvr_auth_free). */
 kvr_auth_result kvr_auth_check(const kvr_auth *a, kvr_http_req *r, const char **name);
 
-/** 1 when header `name` (nl bytes) carries client credentials that must never reach a worker
- *  (authorization, x-api-key). */
-int kvr_auth_is_credential_header(const char *name, size_t nl);
-
 #endif

@@ -58,9 +58,7 @@ void kvr_api_healthz(kvr_app *app, kvr_http_req *r)
 
 void kvr_api_readyz(kvr_app *app, kvr_http_req *r)
 {
-    size_t n = 0;
-    for (size_t i = 0; i < kvr_registry_count(app->reg); i++)
-        n += kvr_worker_eligible(kvr_registry_at(app->reg, i)) != 0;
+    size_t n = kvr_registry_eligible_count(app->reg);
     int ready = n > 0 && app->routes->n > 0 && !app->draining;
     reply_json(app, r, ready ? 200 : 503,
                json_pack("{s:s,s:I,s:I}", "status", ready ? "ready" : "not_ready",

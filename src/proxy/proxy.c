@@ -151,13 +151,19 @@ static void slot_give(kvr_app *app, kvr_worker *w)
 }
 
 /* Ends the in-flight unit of the current attempt: exactly once per kvr_worker_acquire. */
+/* Counts an attempt on `w` that ended with `code` (0 = no response) and frees its slot. */
+static void attempt_count(kvr_app *app, kvr_worker *w, int code)
+{
+    char c[24];
+    snprintf(c, sizeof(c), "%d", code);
+    const char *lv[] = {w->url, c};
+    kvr_metric_inc(app->m.worker_requests, lv, 1);
+    slot_give(app, w);
+}
+
 static void attempt_ended(preq *p, int code)
 {
-    char c[8];
-    snprintf(c, sizeof(c), "%d", code);
-    const char *lv[] = {p->w->url, c};
-    kvr_metric_inc(p->app->m.worker_requests, lv, 1);
-    slot_give(p->app, p->w);
+    attempt_count(p->app, p->w, code);
     p->att = NULL;
 }
 
@@ -256,9 +262,8 @@ static void on_headers(void *ud, int status, const kvr_http_header *h, size_t n)
     if (retryable_status(status)) {
         /* Nothing reached the client yet: try another worker, relaying this answer only
          * when none is left. The attempt is cancelled from inside its own callback (allowed). */
-        char reason[24], c[24];
+        char reason[24];
         snprintf(reason, sizeof(reason), "http_%d", status);
-        snprintf(c, sizeof(c), "%d", status);
         kvr_upstream_attempt *att = p->att;
         kvr_worker *w = p->w;
         kvr_app *app = p->app;
@@ -267,9 +272,7 @@ static void on_headers(void *ud, int status, const kvr_http_header *h, size_t n)
             KVR_INFO("msg=\"worker failed: retried elsewhere\" worker=%s status=%d", w->url,
                      status);
             kvr_upstream_cancel(att);
-            const char *lv[] = {w->url, c};
-            kvr_metric_inc(app->m.worker_requests, lv, 1);
-            slot_give(app, w);
+            attempt_count(app, w, status);
             return;
         }
     }
@@ -453,8 +456,9 @@ static void release_body(preq *p)
 {
     size_t len;
     kvr_http_req_body(p->req, &len);
-    if (p->att && p->body_rw.len ? !kvr_upstream_body_sent(p->att, p->body_rw.len)
-                                  : p->att && !kvr_upstream_body_sent(p->att, len))
+    if (p->body_rw.len)
+        len = p->body_rw.len; /* what this attempt sends */
+    if (p->att && !kvr_upstream_body_sent(p->att, len))
         return;
     p->body_pending = 0;
     kvr_http_req_release_body(p->req);

@@ -149,12 +149,11 @@ kvr_worker *kvr_registry_find_name(const kvr_registry *r, const char *name)
     return NULL;
 }
 
-size_t kvr_registry_eligible(const kvr_registry *r, kvr_worker **out)
+size_t kvr_registry_eligible_count(const kvr_registry *r)
 {
     size_t k = 0;
     for (size_t i = 0; i < r->n; i++)
-        if (kvr_worker_eligible(r->w[i]))
-            out[k++] = r->w[i];
+        k += kvr_worker_eligible(r->w[i]) != 0;
     return k;
 }
 

@@ -34,9 +34,8 @@ kvr_worker *kvr_registry_at(const kvr_registry *r, size_t i);
 kvr_worker *kvr_registry_get(const kvr_registry *r, size_t id);
 kvr_worker *kvr_registry_find_url(const kvr_registry *r, const char *url);
 kvr_worker *kvr_registry_find_name(const kvr_registry *r, const char *name);
-/** Fills `out` (room for kvr_registry_count() pointers) with the eligible workers, in
- *  registration order; returns how many. */
-size_t kvr_registry_eligible(const kvr_registry *r, kvr_worker **out);
+/** Number of eligible workers (kvr_worker_eligible). */
+size_t kvr_registry_eligible_count(const kvr_registry *r);
 
 /** Reference counting of a worker; the last unref frees it. */
 void kvr_worker_ref(kvr_worker *w);
