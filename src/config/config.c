@@ -449,7 +449,8 @@ int kvr_config_load(kvr_config *c, int argc, char **argv, kvr_errlist *errs)
     if (!kvr_policy_find(c->route.policy))
         kvr_errlist_add(errs, "unknown policy '%s' (one of %s)", c->route.policy,
                         kvr_policy_names());
-    if (c->nworkers == 0)
+    /* A file that did not parse says so already: "no workers" would only repeat it. */
+    if (c->nworkers == 0 && errs->n == before)
         kvr_errlist_add(errs, path ? "%s:1:1: no workers: add a `workers:` list (or --worker URL)"
                                    : "at least one --worker URL is required (see --help)%s",
                         path ? path : "");
