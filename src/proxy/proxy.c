@@ -640,7 +640,9 @@ void kvr_proxy_forward(kvr_app *app, kvr_http_req *r, kvr_endpoint ep, kvr_route
         no_eligible(p);
         return;
     }
-    if (rc == 0) {
+    /* While others wait, a newcomer queues behind them even if a slot happens to be free
+     * (the dispatch runs on the next loop turn): arrival never jumps the fair order. */
+    if (rc == 0 || kvr_admission_depth(app->admission)) {
         enqueue(p);
         return;
     }
