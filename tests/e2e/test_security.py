@@ -835,12 +835,28 @@ def test_max_connections_per_ip(stub, kvroute):
     w = stub()
     kv = kvroute([w], health_interval_ms=0, extra=["--max-connections-per-ip", "2"])
     req = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
-    c1, c2 = RawConn(kv.port), RawConn(kv.port)
+
+    def answered_conn():
+        # the fixture's readiness probe closed its connection, but kvroute may not have
+        # read that EOF yet and still counts it: retry until the slot is really free
+        deadline = time.monotonic() + 5.0
+        while True:
+            c = RawConn(kv.port)
+            try:
+                c.send(req)
+                r = c.read_response(method="GET", timeout=2.0)
+            except (BrokenPipeError, ConnectionResetError):
+                r = None
+            if r is not None:
+                assert r.status == 200, r
+                return c
+            c.close()
+            assert time.monotonic() < deadline, "no connection from 127.0.0.1 was answered"
+            time.sleep(0.05)
+
+    c1 = answered_conn()  # both answered: kvroute holds two open connections from 127.0.0.1
+    c2 = answered_conn()
     try:
-        for c in (c1, c2):  # both answered: kvroute holds two open connections from 127.0.0.1
-            c.send(req)
-            r = c.read_response(method="GET")
-            assert r is not None and r.status == 200, r
         # a third from the same address: closed without an answer, at once
         with RawConn(kv.port) as c3:
             assert c3.wait_closed(2.0), "a third connection from 127.0.0.1 stayed open"
