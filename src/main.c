@@ -15,6 +15,8 @@
 #include "api/router.h"
 #include "proxy/proxy.h"
 #include "app/app.h"
+#include "events/kvevents.h"
+#include "proxy/tokenize.h"
 #include "util/log.h"
 #include "util/rand.h"
 #include "util/time.h"
@@ -34,6 +36,11 @@ static void on_http_closed(void *ud)
 {
     kvr_app *app = ud;
     kvr_fetch_cancel_all();
+    kvr_tokenizer_free(app->tokenizer);
+    app->tokenizer = NULL;
+    /* No request is left to route: the KV block index can go. */
+    kvr_kv_events_close(app->kv);
+    app->kv = NULL;
     kvr_upstream_close(app->up);
 }
 
@@ -88,6 +95,7 @@ static void sweep_tick(uv_timer_t *t)
     (void)t;
     for (size_t i = 0; i < g_app.routes->n; i++)
         kvr_route_sweep(g_app.routes->routes[i], 10000);
+    kvr_kv_events_tick(g_app.kv);
 }
 
 static void breaker_tick(uv_timer_t *t)
@@ -199,6 +207,14 @@ int main(int argc, char **argv)
     app->cfg.upstream.allow_connect = kvr_app_allow_connect;
     app->cfg.upstream.allow_connect_ud = app;
     app->up = kvr_upstream_new(app->loop, &app->cfg.upstream);
+    app->tokenizer = kvr_tokenizer_new(app->up, &app->cfg.tokenize);
+    char kverr[256];
+    app->kv = kvr_kv_events_new(app->loop, &app->cfg.kv, app->metrics, kvr_app_allow_connect,
+                                app, kverr, sizeof(kverr));
+    if (!app->kv) {
+        fprintf(stderr, "kvroute: KV events: %s\n", kverr);
+        return 1;
+    }
     app->discovering = app->cfg.nroutes == 0 && !app->cfg.model;
     kvr_app_workers_ctx_init(app);
     app->admission = kvr_admission_new(app->cfg.max_queue);

@@ -9,7 +9,9 @@
 
 #include "app/reply.h"
 #include "api/validate.h"
+#include "events/kvevents.h"
 #include "proxy/keys.h"
+#include "proxy/tokenize.h"
 #include "util/json_read.h"
 #include "util/log.h"
 #include "util/oai_error.h"
@@ -117,6 +119,19 @@ static void workers(kvr_app *app, kvr_http_req *r)
                               (json_int_t)st.sessions, "queue", w->queue, "running", w->running,
                               "kv_usage", w->kv_usage, "kv_tokens", (json_int_t)w->kv_tokens,
                               "routes", routes);
+        if (app->kv && kvr_kv_events_configured(app->kv, w->id)) {
+            kvr_kv_worker_stats ks;
+            kvr_kv_index_worker_stats(kvr_kv_events_index(app->kv), w->id, &ks);
+            json_object_set_new(o, "kv_events",
+                                json_string(kvr_kv_trust_name(kvr_kv_events_trust(app->kv, w->id))));
+            json_object_set_new(o, "kv_blocks",
+                                json_pack("{s:I,s:I,s:I,s:I}", "GPU", (json_int_t)ks.blocks[0],
+                                          "CPU", (json_int_t)ks.blocks[1], "speculative",
+                                          (json_int_t)ks.speculative, "block_size",
+                                          (json_int_t)ks.block_size));
+        } else {
+            json_object_set_new(o, "kv_events", json_null());
+        }
         json_array_append_new(arr, o);
     }
     const char *policy = app->routes->n ? app->routes->routes[0]->ops->name
@@ -243,6 +258,81 @@ static int endpoint_of(kvr_http_req *r, const json_t *body, kvr_endpoint *ep)
     return 0;
 }
 
+/* POST /debug/route in progress (it may wait for the prompt's token ids). */
+typedef struct dbg {
+    kvr_app *app;
+    kvr_http_req *r;
+    kvr_route *rt;
+    kvr_request_keys keys;
+    char *pin;
+    size_t pin_len;
+    kvr_tokenize_op *tok;
+    int sync;
+} dbg;
+
+static void dbg_free(dbg *d)
+{
+    if (d->tok)
+        kvr_tokenize_cancel(d->tok);
+    kvr_request_keys_free(&d->keys);
+    if (d->rt)
+        kvr_route_unref(d->rt);
+    free(d->pin);
+    free(d);
+}
+
+static void dbg_gone(void *ud)
+{
+    dbg_free(ud);
+}
+
+static void dbg_answer(dbg *d)
+{
+    kvr_http_req *r = d->r;
+    kvr_route *rt = d->rt;
+    kvr_http_req_set_cbs(r, &(kvr_http_req_cbs){NULL, NULL}, NULL);
+    kvr_pick pick = {0};
+    const kvr_explain_row *ex = NULL;
+    size_t n = 0;
+    if (kvr_route_explain(rt, &d->keys.k, d->pin, d->pin_len, &pick, &ex, &n) < 0) {
+        dbg_free(d);
+        reply_error(r, 503, "no eligible worker", NULL, 0);
+        return;
+    }
+    json_t *rows = json_array();
+    for (size_t i = 0; i < n; i++) {
+        json_t *row = json_pack("{s:s,s:s,s:f,s:I,s:I,s:b,s:b,s:s?}", "url", ex[i].worker->url,
+                                "name", ex[i].worker->name, "match", ex[i].match,
+                                "matched_bytes", (json_int_t)ex[i].matched_bytes, "inflight",
+                                (json_int_t)ex[i].inflight, "overloaded", ex[i].overloaded,
+                                "session_owner", ex[i].session_owner, "index", ex[i].index);
+        if (ex[i].trust) {
+            json_object_set_new(row, "kv_events", json_string(ex[i].trust));
+            json_object_set_new(row, "kv_blocks", json_integer((json_int_t)ex[i].kv_blocks));
+        }
+        json_array_append_new(rows, row);
+    }
+    json_t *out = json_pack("{s:s,s:s,s:s?,s:s?,s:f,s:s?,s:I,s:I,s:I,s:o}", "route", rt->name,
+                            "policy", rt->ops->name, "decision", pick.decision, "worker",
+                            pick.worker ? pick.worker->url : NULL, "match", pick.match, "index",
+                            pick.index, "session_key_bytes", (json_int_t)d->keys.k.session_len,
+                            "routing_text_bytes", (json_int_t)d->keys.k.text_len,
+                            "prompt_tokens", (json_int_t)d->keys.k.ntokens, "workers", rows);
+    dbg_free(d);
+    reply(r, 200, out);
+}
+
+static void dbg_tokens(void *ud, const uint32_t *ids, size_t n, kvr_tokenize_source src)
+{
+    dbg *d = ud;
+    (void)src;
+    d->tok = NULL;
+    if (ids && n)
+        kvr_request_keys_set_tokens(&d->keys, ids, n);
+    if (!d->sync)
+        dbg_answer(d);
+}
+
 static void debug_route(kvr_app *app, kvr_http_req *r)
 {
     size_t blen;
@@ -270,35 +360,34 @@ static void debug_route(kvr_app *app, kvr_http_req *r)
         reply_error(r, 404, "the body's model names no route", NULL, 0);
         return;
     }
-    kvr_request_keys keys;
-    int krc = kvr_request_keys_build(app, rt, j, ep, r, &keys);
+    dbg *d = calloc(1, sizeof(*d));
     size_t pin_len = 0;
     const char *pin = ep == KVR_EP_RESPONSES ? kvr_route_previous_response_id(j, &pin_len) : NULL;
-    kvr_pick pick = {0};
-    const kvr_explain_row *ex = NULL;
-    size_t n = 0;
-    int rc = krc < 0 ? -1 : kvr_route_explain(rt, &keys.k, pin, pin_len, &pick, &ex, &n);
-    json_decref(j);
-    if (rc < 0) {
-        kvr_request_keys_free(&keys);
-        reply_error(r, 503, krc < 0 ? "out of memory" : "no eligible worker", NULL, 0);
+    if (!d || (pin && !(d->pin = strndup(pin, pin_len))) ||
+        kvr_request_keys_build(app, rt, j, ep, r, &d->keys) < 0) {
+        json_decref(j);
+        if (d)
+            dbg_free(d);
+        reply_error(r, 503, "out of memory", NULL, 0);
         return;
     }
-    json_t *rows = json_array();
-    for (size_t i = 0; i < n; i++)
-        json_array_append_new(
-            rows, json_pack("{s:s,s:s,s:f,s:I,s:I,s:b,s:b}", "url", ex[i].worker->url, "name",
-                            ex[i].worker->name, "match", ex[i].match, "matched_bytes",
-                            (json_int_t)ex[i].matched_bytes, "inflight",
-                            (json_int_t)ex[i].inflight, "overloaded", ex[i].overloaded,
-                            "session_owner", ex[i].session_owner));
-    json_t *out = json_pack("{s:s,s:s,s:s?,s:s?,s:f,s:I,s:I,s:o}", "route", rt->name, "policy",
-                            rt->ops->name, "decision", pick.decision, "worker",
-                            pick.worker ? pick.worker->url : NULL, "match", pick.match,
-                            "session_key_bytes", (json_int_t)keys.k.session_len,
-                            "routing_text_bytes", (json_int_t)keys.k.text_len, "workers", rows);
-    kvr_request_keys_free(&keys);
-    reply(r, 200, out);
+    json_decref(j);
+    d->app = app;
+    d->r = r;
+    d->pin_len = pin ? pin_len : 0;
+    d->rt = rt;
+    kvr_route_ref(rt);
+    /* precise needs the prompt's token ids, fetched as the proxy would. */
+    if (rt->ops->uses_tokens) {
+        kvr_http_req_cbs cbs = {NULL, dbg_gone};
+        kvr_http_req_set_cbs(r, &cbs, d);
+        d->sync = 1;
+        kvr_request_keys_tokenize(app, rt, ep, r, &d->keys, dbg_tokens, d, &d->tok);
+        d->sync = 0;
+        if (d->tok)
+            return;
+    }
+    dbg_answer(d);
 }
 
 /* drain() takes the path rest after "/workers/"; the others ignore it. */

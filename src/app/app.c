@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "events/kvevents.h"
 #include "upstream/egress.h"
 #include "util/log.h"
 #include "util/time.h"
@@ -12,10 +13,29 @@ static const double latency_bounds[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5
                                         1,     2.5,  5,     10,   30,  60,  120, 300};
 #define NB (sizeof(latency_bounds) / sizeof(latency_bounds[0]))
 
+/* kvroute_kv_blocks{model,worker,medium}: each route's targets' resident blocks. */
+static void refresh_kv_blocks(kvr_app *app, const kvr_route *rt)
+{
+    if (!app->kv)
+        return;
+    for (size_t t = 0; t < rt->ntargets; t++) {
+        const kvr_worker *w = rt->targets[t].worker;
+        if (!kvr_kv_events_configured(app->kv, w->id))
+            continue;
+        kvr_kv_worker_stats ws;
+        kvr_kv_index_worker_stats(kvr_kv_events_index(app->kv), w->id, &ws);
+        for (int m = 0; m < KVR_KV_NMEDIA; m++) {
+            const char *lv[] = {rt->name, w->url, kvr_kv_medium_name((kvr_kv_medium)m)};
+            kvr_metric_set(app->m.kv_blocks, lv, (double)ws.blocks[m]);
+        }
+    }
+}
+
 static void refresh_index(kvr_app *app)
 {
     for (size_t i = 0; app->routes && i < app->routes->n; i++) {
         kvr_route *rt = app->routes->routes[i];
+        refresh_kv_blocks(app, rt);
         kvr_policy_stats st;
         kvr_route_stats(rt, &st);
         const char *lv[] = {rt->name};
@@ -45,7 +65,8 @@ static void refresh_departed(kvr_app *app)
         /* Re-added under the same URL meanwhile: its series are the new worker's. */
         if (!kvr_registry_find_url(app->reg, w->url)) {
             kvr_metric *per_worker[] = {app->m.inflight, app->m.healthy, app->m.queue,
-                                        app->m.kv_usage, app->m.breaker_state};
+                                        app->m.kv_usage, app->m.breaker_state,
+                                        app->m.kv_blocks, app->m.mispredictions};
             for (size_t m = 0; m < sizeof(per_worker) / sizeof(per_worker[0]); m++)
                 kvr_metric_remove_matching(per_worker[m], "worker", w->url);
         }
@@ -151,6 +172,33 @@ void kvr_app_metrics_init(kvr_app *app)
     m->generation = kvr_metrics_gauge(r, "kvroute_config_generation",
                                       "Configurations applied since start (+1 per reload)", 0,
                                       NULL);
+    /* Token errors span one block (16) to whole long prompts. */
+    static const double tok_bounds[] = {0, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192,
+                                        16384, 32768, 65536};
+    m->prediction_error = kvr_metrics_histogram(
+        r, "kvroute_cache_prediction_error_tokens",
+        "|predicted - reported| cached prompt tokens on the chosen worker, per 2xx answer that "
+        "reports usage.prompt_tokens_details.cached_tokens",
+        1, mo, tok_bounds, sizeof(tok_bounds) / sizeof(tok_bounds[0]));
+    m->mispredictions = kvr_metrics_counter(r, "kvroute_cache_mispredictions_total",
+                                            "Answers whose reported cached tokens were off the "
+                                            "prediction by more than one block",
+                                            2, mw);
+    const char *mwm[] = {"model", "worker", "medium"};
+    m->kv_blocks = kvr_metrics_gauge(r, "kvroute_kv_blocks",
+                                     "Blocks the worker's KV events say it holds, by tier", 3,
+                                     mwm);
+    static const double tk_bounds[] = {0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1,
+                                       0.2, 0.5, 1};
+    m->tokenize_seconds = kvr_metrics_histogram(r, "kvroute_tokenize_seconds",
+                                                "Time to get a request's token ids (precise)",
+                                                1, mo, tk_bounds,
+                                                sizeof(tk_bounds) / sizeof(tk_bounds[0]));
+    const char *ms[] = {"model", "source"};
+    m->tokenize = kvr_metrics_counter(r, "kvroute_tokenize_total",
+                                      "Token id lookups by source (header, prompt_ids, cache, "
+                                      "worker) or failure (timeout, failed, none)",
+                                      2, ms);
     m->breaker_state = kvr_metrics_gauge(r, "kvroute_worker_breaker_state",
                                          "Circuit breaker state: 0 closed, 1 open, 2 half_open",
                                          1, w);
@@ -262,6 +310,8 @@ void kvr_app_forget_worker(kvr_app *app, kvr_worker *w)
 {
     for (size_t i = 0; app->routes && i < app->routes->n; i++)
         kvr_route_forget_worker(app->routes->routes[i], w);
+    if (app->kv)
+        kvr_kv_events_forget(app->kv, w);
 }
 
 static void on_worker_forget(void *ud, kvr_worker *w)

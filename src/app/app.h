@@ -45,6 +45,11 @@ typedef struct kvr_app_metrics {
     kvr_metric *queue_wait;        /**< kvroute_queue_wait_seconds{model} (histogram) */
     kvr_metric *rejected;          /**< kvroute_rejected_total{model,reason} */
     kvr_metric *generation;        /**< kvroute_config_generation */
+    kvr_metric *prediction_error;  /**< kvroute_cache_prediction_error_tokens{model} (histogram) */
+    kvr_metric *mispredictions;    /**< kvroute_cache_mispredictions_total{model,worker} */
+    kvr_metric *kv_blocks;         /**< kvroute_kv_blocks{model,worker,medium} */
+    kvr_metric *tokenize_seconds;  /**< kvroute_tokenize_seconds{model} (histogram) */
+    kvr_metric *tokenize;          /**< kvroute_tokenize_total{model,source} */
 } kvr_app_metrics;
 
 /** The process-wide state. */
@@ -78,6 +83,8 @@ typedef struct kvr_app {
     struct kvr_admission *admission;     /**< requests waiting for a slot */
     struct kvr_ratelimits *ratelimits;   /**< per-key limits in force */
     kvr_session_sources session_sources; /**< parsed --session-keys */
+    struct kvr_kv_events *kv;            /**< KV events and the KV block index */
+    struct kvr_tokenizer *tokenizer;     /**< prompt token ids for precise routing */
 } kvr_app;
 
 /** Registers kvroute's metric families in app->metrics (which must exist). */
@@ -105,7 +112,8 @@ void kvr_app_rediscover(kvr_app *app);
  *  (kvr_route_ref) to keep it past the current loop callback. */
 kvr_route *kvr_app_route(kvr_app *app, const char *model);
 
-/** Forgets everything every route learned about `w` (it left, restarted or lost its cache). */
+/** Forgets everything every route learned about `w` (it left, restarted or lost its cache),
+ *  and its KV block index entries (its KV events are then replayed from 0). */
 void kvr_app_forget_worker(kvr_app *app, kvr_worker *w);
 
 /** Keeps `w` (just removed by a reload) referenced until its in-flight requests ended, so its

@@ -7,8 +7,10 @@
 
 #include "api/auth.h"
 #include "app/app.h"
+#include "events/kvevents.h"
 #include "proxy/admission.h"
 #include "proxy/ratelimit.h"
+#include "proxy/tokenize.h"
 #include "upstream/egress.h"
 #include "util/log.h"
 #include "workers/discovery.h"
@@ -257,6 +259,14 @@ int kvr_app_apply(kvr_app *app, kvr_config *c, kvr_errlist *errs)
         loaded_free(&ext, c->nworkers);
         return -1;
     }
+    /* Policies that read the KV block index (precise) borrow it through their tunables. */
+    c->route.p.kv = app->kv;
+    for (size_t r = 0; r < c->nroutes; r++)
+        c->routes[r].cfg.p.kv = app->kv;
+    if (app->kv)
+        kvr_kv_events_set_cfg(app->kv, &c->kv);
+    if (app->tokenizer)
+        kvr_tokenizer_set_cfg(app->tokenizer, &c->tokenize);
     if (app->auth) {
         /* Requests in flight may still name their key: retire, free at exit. */
         kvr_auth **r = realloc(app->auth_retired, (app->nauth_retired + 1) * sizeof(*r));
@@ -294,6 +304,8 @@ int kvr_app_apply(kvr_app *app, kvr_config *c, kvr_errlist *errs)
         KVR_INFO("msg=\"worker removed\" worker=%s inflight=%lld", gone[i]->url,
                  (long long)gone[i]->inflight);
         kvr_app_forget_worker(app, gone[i]);
+        if (app->kv)
+            kvr_kv_events_drop(app->kv, gone[i]);
         kvr_app_depart(app, gone[i]);
         kvr_registry_remove(app->reg, gone[i]);
     }
@@ -321,6 +333,9 @@ int kvr_app_apply(kvr_app *app, kvr_config *c, kvr_errlist *errs)
         if (w) {
             kvr_worker_set_api_key(w, ext.keys[i]);
             w->max_inflight = ws->max_inflight;
+            kvr_kv_events_spec kv = {ws->kv_endpoint, ws->kv_replay_endpoint, ws->kv_topic};
+            if (app->kv)
+                kvr_kv_events_configure(app->kv, w, ws->kv_endpoint ? &kv : NULL);
         }
     }
     loaded_free(&ext, c->nworkers);

@@ -13,6 +13,7 @@
 
 static int set_worker(void *target, const kvr_flag *f, const char *v, char *err, size_t cap);
 static void show_worker(FILE *out, const void *target, const kvr_flag *f);
+static int set_kv_events(void *target, const kvr_flag *f, const char *v, char *err, size_t cap);
 
 /* Per-route flags, written once: each row is both a route key of the file (offsets into
  * kvr_route_cfg) and a global flag setting the defaults of every route (offsets into
@@ -130,6 +131,24 @@ static const kvr_flag flags[] = {
       "session id sources: comma list of header:NAME and body:PATH"),
     FL("max-usage-scan-bytes", SIZE, max_usage_bytes, 0, 1e9,
       "JSON response bytes kept to read token usage"),
+    {.name = "kv-events", .type = KVR_FLAG_CUSTOM, .off = OFF(kv_events_args),
+     .help = "WORKER_URL=ENDPOINT[,REPLAY_ENDPOINT]: the worker's vLLM KV-event PUB (and "
+             "replay) sockets, e.g. tcp://10.0.0.5:5557 (repeatable)",
+     .set = set_kv_events, .show = show_worker},
+    FL("max-kv-blocks", SIZE, kv.max_blocks, 1, 1e10,
+       "KV block index entries over all workers (stores past it are skipped)"),
+    FL("kv-events-stale-ms", U64, kv.stale_ms, 1, 1e10,
+       "a worker serving requests without a KV event this long turns degraded"),
+    FL("kv-speculative-ms", U64, kv.speculative_ms, 0, 1e9,
+       "a routed request's blocks count as resident this long unless an event settles them"),
+    FL("kv-events-queue", SIZE, kv.ingest.queue_batches, 1, 1e8,
+       "decoded KV-event batches waiting for the event loop (overflow resyncs the worker)"),
+    FL("kv-events-max-bytes", SIZE, kv.ingest.max_message_bytes, 1024, 1e10,
+       "largest KV-event message accepted"),
+    FL("tokenize-timeout-ms", U64, tokenize.timeout_ms, 1, 1e9,
+       "deadline of a worker /tokenize call for precise routing (then approximate)"),
+    FL("tokenize-cache-entries", SIZE, tokenize.cache_entries, 0, 1e8,
+       "token id lists kept for repeated routing texts (0 = no cache)"),
 };
 
 #define NFLAGS (sizeof(flags) / sizeof(flags[0]))
@@ -210,6 +229,8 @@ void kvr_config_default(kvr_config *c)
     c->log_level = "info";
     c->max_usage_bytes = 1 << 20;
     c->max_routing_text_bytes = 32u << 20;
+    kvr_kv_events_cfg_default(&c->kv);
+    c->tokenize = (kvr_tokenize_cfg){.timeout_ms = 100, .cache_entries = 4096};
     kvr_http_limits_default(&c->http);
     kvr_upstream_opts_default(&c->upstream);
 }
@@ -233,8 +254,31 @@ static int set_worker(void *target, const kvr_flag *f, const char *v, char *err,
 
 static void show_worker(FILE *out, const void *target, const kvr_flag *f)
 {
-    (void)target, (void)f;
-    fputs("required without a config file", out);
+    (void)target;
+    fputs(strcmp(f->name, "worker") == 0 ? "required without a config file" : "none", out);
+}
+
+/* --kv-events is repeatable; each is matched to its worker once every flag is read. */
+static int set_kv_events(void *target, const kvr_flag *f, const char *v, char *err, size_t cap)
+{
+    (void)f;
+    kvr_config *c = target;
+    const char *eq = strchr(v, '=');
+    if (!eq || eq == v || !eq[1]) {
+        snprintf(err, cap, "--kv-events: expected WORKER_URL=ENDPOINT[,REPLAY_ENDPOINT], got '%s'",
+                 v);
+        return -1;
+    }
+    if (c->nkv_events_args >= KVR_MAX_WORKERS) {
+        snprintf(err, cap, "--kv-events: too many (max %d)", KVR_MAX_WORKERS);
+        return -1;
+    }
+    const char **a = kvr_config_alloc(c, (c->nkv_events_args + 1) * sizeof(*a));
+    if (c->nkv_events_args)
+        memcpy(a, c->kv_events_args, c->nkv_events_args * sizeof(*a));
+    a[c->nkv_events_args++] = v;
+    c->kv_events_args = a;
+    return 0;
 }
 
 /* "--config FILE" / "--config=FILE" anywhere in argv: the file is read before the flags. */
@@ -360,6 +404,11 @@ static void check_egress(const kvr_config *c, kvr_errlist *errs)
         if (!kvr_egress_check_url(e, w->url, why, sizeof(why)))
             kvr_errlist_add(errs, "%s: worker '%s' (%s) is refused by the egress policy: %s", at,
                             w->name, w->url, why);
+        const char *eps[] = {w->kv_endpoint, w->kv_replay_endpoint};
+        for (int k = 0; k < 2; k++)
+            if (eps[k] && !kvr_egress_check_url(e, eps[k], why, sizeof(why)))
+                kvr_errlist_add(errs, "%s: worker '%s': KV-event endpoint %s is refused by the "
+                                "egress policy: %s", at, w->name, eps[k], why);
     }
     kvr_egress_free(e);
 }
@@ -383,6 +432,53 @@ static void check_workers(const kvr_config *c, kvr_errlist *errs)
                 kvr_errlist_add(errs, "%s: worker '%s': a name may not be another worker's URL",
                                 at, w->name);
         }
+    }
+}
+
+/* "tcp://HOST:PORT" with a numeric port, what ZeroMQ dials (vLLM's endpoint form). */
+static int zmq_endpoint_ok(const char *e)
+{
+    if (strncmp(e, "tcp://", 6) != 0 || strpbrk(e + 6, " \t\r\n/?#@"))
+        return 0;
+    const char *colon = strrchr(e + 6, ':');
+    if (!colon || colon == e + 6 || !colon[1] || strspn(colon + 1, "0123456789") != strlen(colon + 1))
+        return 0;
+    long port = strtol(colon + 1, NULL, 10);
+    return port > 0 && port <= 65535 && strlen(colon + 1) <= 5;
+}
+
+/* --kv-events WORKER_URL=ENDPOINT[,REPLAY] over the workers' own kv_events, then the shape of
+ * every endpoint. */
+static void check_kv_events(kvr_config *c, kvr_errlist *errs)
+{
+    char at[600];
+    for (size_t i = 0; i < c->nkv_events_args; i++) {
+        const char *a = c->kv_events_args[i], *eq = strchr(a, '=');
+        char *url = kvr_config_strndup(c, a, (size_t)(eq - a));
+        const char *comma = strchr(eq + 1, ',');
+        kvr_worker_spec *w = NULL;
+        for (size_t j = 0; j < c->nworkers && !w; j++)
+            if (same_url(c->workers[j].url, url) || strcmp(c->workers[j].name, url) == 0)
+                w = &c->workers[j];
+        if (!w) {
+            kvr_errlist_add(errs, "--kv-events %s: no worker '%s'", a, url);
+            continue;
+        }
+        w->kv_endpoint = comma ? kvr_config_strndup(c, eq + 1, (size_t)(comma - eq - 1))
+                               : eq + 1;
+        w->kv_replay_endpoint = comma ? comma + 1 : NULL;
+    }
+    for (size_t i = 0; i < c->nworkers; i++) {
+        const kvr_worker_spec *w = &c->workers[i];
+        const char *eps[] = {w->kv_endpoint, w->kv_replay_endpoint};
+        where(c, w->line, w->col, at, sizeof(at));
+        for (int k = 0; k < 2; k++)
+            if (eps[k] && !zmq_endpoint_ok(eps[k]))
+                kvr_errlist_add(errs, "%s: worker '%s': KV-event endpoint '%s' is malformed "
+                                "(expected tcp://HOST:PORT)", at, w->name, eps[k]);
+        if (!w->kv_endpoint && w->kv_replay_endpoint)
+            kvr_errlist_add(errs, "%s: worker '%s': a replay endpoint needs an endpoint", at,
+                            w->name);
     }
 }
 
@@ -457,6 +553,7 @@ int kvr_config_load(kvr_config *c, int argc, char **argv, kvr_errlist *errs)
     if (c->nworkers > KVR_MAX_WORKERS)
         kvr_errlist_add(errs, "too many workers (max %d)", KVR_MAX_WORKERS);
     check_workers(c, errs);
+    check_kv_events(c, errs);
     check_egress(c, errs);
     check_names(c, errs);
     resolve_routes(c, errs);

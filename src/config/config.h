@@ -7,7 +7,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "events/kvevents.h"
 #include "http/server.h"
+#include "proxy/tokenize.h"
 #include "routing/policy.h"
 #include "upstream/upstream.h"
 #include "util/errlist.h"
@@ -38,6 +40,10 @@ typedef struct kvr_worker_spec {
     const char *api_key_env;  /**< or: environment variable holding that key (NULL = none) */
     uint32_t max_inflight;    /**< most attempts in flight at this worker (0 = no limit);
                                    more wait in the admission queue */
+    const char *kv_endpoint;  /**< file `kv_events.endpoint` or --kv-events: its vLLM KV-event
+                                   PUB socket, "tcp://HOST:PORT" (NULL = no events) */
+    const char *kv_replay_endpoint; /**< `kv_events.replay_endpoint`: its replay ROUTER */
+    const char *kv_topic;     /**< `kv_events.topic`: SUB prefix (NULL = "") */
     int line, col;        /**< 1-based position in the file; 0 from the command line */
 } kvr_worker_spec;
 
@@ -148,6 +154,13 @@ typedef struct kvr_config {
                                         `header:NAME`/`body:PATH` list (DESIGN §5 default) */
     size_t max_usage_bytes;        /**< --max-usage-scan-bytes: JSON response bytes kept to read
                                         `usage` (1 MiB); larger bodies are relayed, not counted */
+    kvr_kv_events_cfg kv;          /**< --max-kv-blocks, --kv-events-stale-ms,
+                                        --kv-speculative-ms, --kv-events-queue,
+                                        --kv-events-max-bytes */
+    kvr_tokenize_cfg tokenize;     /**< --tokenize-timeout-ms, --tokenize-cache-entries */
+    const char **kv_events_args;   /**< each --kv-events WORKER_URL=ENDPOINT[,REPLAY] as given,
+                                        applied over the workers' own kv_events at load */
+    size_t nkv_events_args;
     void *arena;                   /**< owned allocations (strings, arrays); kvr_config_free */
 } kvr_config;
 

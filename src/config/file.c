@@ -44,7 +44,8 @@ static const char *const AUTH_FLAGS[] = {"api-key-file"};
 static const char *const EGRESS_KEYS[] = {"allow", "deny"};
 static const char *const ROUTE_KEYS[] = {"name", "model", "aliases", "targets"};
 /* Global flags that make no sense in the file (or have a section instead): never suggested. */
-static const char *const ARGV_ONLY[] = {"config", "check", "worker", "api-key-file"};
+static const char *const ARGV_ONLY[] = {"config", "check", "worker", "api-key-file",
+                                        "kv-events"};
 
 /* Bounds of a rate: far above any real rate, low enough that a limiter may scale it (to
  * tokens per millisecond in fixed point, say) without overflowing 64 bits. */
@@ -320,7 +321,7 @@ static void settings(loader *l, const yaml_node_t *k, const yaml_node_t *m, void
  * mapping of the required key, a name, a weight, and the keys only one of them has (handled by
  * `more`, which returns 0 for a key it does not know). */
 typedef struct shape {
-    const char *keys[6]; /* every key, for the did-you-mean */
+    const char *keys[7]; /* every key, for the did-you-mean */
     size_t nkeys;
     const char *what;  /* singular, for "missing" */
     const char *plain; /* what a plain scalar item is */
@@ -339,10 +340,37 @@ static void key_source(loader *l, const yaml_node_t *k, const yaml_node_t *v, co
         *out = keep(l, s);
 }
 
+static const char *const KV_EVENTS_KEYS[] = {"endpoint", "replay_endpoint", "topic"};
+
+/* kv_events: {endpoint, replay_endpoint, topic} (vLLM's KVEventsConfig names). */
+static void kv_events(loader *l, const yaml_node_t *k, const yaml_node_t *v, kvr_worker_spec *ws)
+{
+    if (!want(l, k, v, YAML_MAPPING_NODE))
+        return;
+    const char **dst[] = {&ws->kv_endpoint, &ws->kv_replay_endpoint, &ws->kv_topic};
+    yaml_node_t *kk, *vv;
+    EACH_PAIR(v, p) {
+        if (!pair(l, v, p, &kk, &vv))
+            continue;
+        size_t i = 0;
+        while (i < COUNT(KV_EVENTS_KEYS) && !is(kk, KV_EVENTS_KEYS[i]))
+            i++;
+        const char *s;
+        if (i == COUNT(KV_EVENTS_KEYS))
+            unknown(l, kk, KV_EVENTS_KEYS, COUNT(KV_EVENTS_KEYS), NULL, 0);
+        else if ((s = scalar(l, kk, vv, i != 2)))
+            *dst[i] = keep(l, s);
+    }
+    if (!ws->kv_endpoint)
+        fail(l, k, "kv_events: missing 'endpoint'");
+}
+
 static int worker_key(loader *l, const yaml_node_t *k, const yaml_node_t *v, void *ctx)
 {
     kvr_worker_spec *ws = ctx;
-    if (is(k, "api_key_file"))
+    if (is(k, "kv_events"))
+        kv_events(l, k, v, ws);
+    else if (is(k, "api_key_file"))
         key_source(l, k, v, &ws->api_key_file, ws->api_key_env);
     else if (is(k, "api_key_env"))
         key_source(l, k, v, &ws->api_key_env, ws->api_key_file);
@@ -354,8 +382,8 @@ static int worker_key(loader *l, const yaml_node_t *k, const yaml_node_t *v, voi
 }
 
 static const shape WORKER = {{"url", "name", "weight", "api_key_file", "api_key_env",
-                              "max_inflight"},
-                             6, "worker", "a URL", worker_key};
+                              "max_inflight", "kv_events"},
+                             7, "worker", "a URL", worker_key};
 static const shape TARGET = {{"worker", "model", "weight"}, 3, "target", "a worker name", NULL};
 
 /* One item `it` of list `k`. 0 when it has no usable first key (then it is not kept). `ctx`

@@ -1,6 +1,7 @@
 /* Routing keys of an inbound request. */
 #include "proxy/keys.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "routing/keys.h"
@@ -38,5 +39,49 @@ void kvr_request_keys_free(kvr_request_keys *rk)
 {
     kvr_buf_free(&rk->session);
     kvr_buf_free(&rk->text);
+    free(rk->tokens);
+    rk->tokens = NULL;
     memset(&rk->k, 0, sizeof(rk->k));
+}
+
+int kvr_request_keys_set_tokens(kvr_request_keys *rk, const uint32_t *ids, size_t n)
+{
+    free(rk->tokens);
+    rk->tokens = n ? malloc(n * sizeof(*ids)) : NULL;
+    rk->k.tokens = rk->tokens;
+    rk->k.ntokens = rk->tokens ? n : 0;
+    if (!rk->tokens)
+        return n ? -1 : 0;
+    memcpy(rk->tokens, ids, n * sizeof(*ids));
+    return 0;
+}
+
+int kvr_request_keys_tokenize(kvr_app *app, kvr_route *route, kvr_endpoint ep, kvr_http_req *r,
+                              const kvr_request_keys *rk, kvr_tokenize_cb cb, void *ud,
+                              kvr_tokenize_op **op)
+{
+    *op = NULL;
+    size_t n = kvr_route_eligible(route, route->scratch);
+    if (!n || ep == KVR_EP_RESPONSES || !app->tokenizer)
+        return 0;
+    /* Every worker of a route tokenizes alike (one model); the least loaded answers first. */
+    kvr_worker *w = kvr_policy_least_loaded(route->scratch, n);
+    const kvr_route_target *t = kvr_route_target_of(route, w);
+    size_t blen;
+    const char *body = kvr_http_req_body(r, &blen);
+    const char *hdr = kvr_http_req_header(r, "x-kvroute-token-ids");
+    kvr_tokenize_req tr = {
+        .chat = ep == KVR_EP_CHAT,
+        .body = body,
+        .body_len = blen,
+        .header_ids = hdr,
+        .header_len = hdr ? strlen(hdr) : 0,
+        .cache_key = rk->k.text_len ? rk->k.text : NULL, /* the model is in the digest */
+        .cache_key_len = rk->k.text_len,
+        .worker_url = w->url,
+        .model = t ? t->model : NULL,
+        .api_key = w->api_key,
+    };
+    *op = kvr_tokenize(app->tokenizer, &tr, cb, ud);
+    return 1;
 }

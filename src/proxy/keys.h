@@ -6,6 +6,7 @@
 #include <jansson.h>
 
 #include "app/app.h"
+#include "proxy/tokenize.h"
 #include "routing/keys.h"
 #include "util/buf.h"
 
@@ -13,14 +14,29 @@
 typedef struct kvr_request_keys {
     kvr_buf session;        /**< session key bytes (empty = none) */
     kvr_buf text;           /**< routing text bytes */
-    kvr_route_keys k;       /**< views into the two buffers, as policies take them */
+    uint32_t *tokens;       /**< the prompt's token ids (owned; NULL until known), k.tokens */
+    kvr_route_keys k;       /**< views into the buffers, as policies take them */
 } kvr_request_keys;
+
+/** Sets the prompt's token ids (copied; `n` ids): k.tokens/k.ntokens then point to them.
+ *  Returns 0, or -1 when memory ran out (the keys then have none). */
+int kvr_request_keys_set_tokens(kvr_request_keys *rk, const uint32_t *ids, size_t n);
 
 /** Builds the keys of `body` (a validated request for `ep`) with the headers of `r`. Keys are
  *  only built when `route`'s policy uses them (else both stay empty). Returns 0, or -1 when
  *  memory ran out. */
 int kvr_request_keys_build(kvr_app *app, const kvr_route *route, const json_t *body,
                            kvr_endpoint ep, kvr_http_req *r, kvr_request_keys *out);
+/** Asks for the prompt's token ids of request `r` (a validated `ep` request for `route`,
+ *  whose keys `rk` are built), the way the precise policy needs them (proxy/tokenize.h): the
+ *  route's least loaded eligible worker tokenizes, with its target's model name; the routing
+ *  text keys the cache. Returns 0 when nothing can be asked (no eligible worker, a Responses
+ *  API request, no tokenizer): `cb` is not called. Else 1, and `cb` runs exactly as
+ *  kvr_tokenize() says (maybe before this returns); `*op` gets the operation to cancel, or
+ *  NULL when `cb` already ran. */
+int kvr_request_keys_tokenize(kvr_app *app, kvr_route *route, kvr_endpoint ep, kvr_http_req *r,
+                              const kvr_request_keys *rk, kvr_tokenize_cb cb, void *ud,
+                              kvr_tokenize_op **op);
 /** Frees the buffers; `k` is then empty. */
 void kvr_request_keys_free(kvr_request_keys *rk);
 

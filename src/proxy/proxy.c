@@ -14,7 +14,9 @@
 #include "proxy/headers.h"
 #include "proxy/ratelimit.h"
 #include "proxy/keys.h"
+#include "proxy/tokenize.h"
 #include "proxy/usage.h"
+#include "events/kvevents.h"
 #include "util/json_read.h"
 #include "util/log.h"
 #include "workers/health.h"
@@ -67,6 +69,9 @@ typedef struct preq {
     uint64_t rl_tokens;   /* tokens counted against the key's limit before the answer */
     kvr_ratelimit_info rl;
     char rl_val[6][24];   /* x-ratelimit-* values */
+    kvr_tokenize_op *tok; /* fetching the prompt's token ids (precise) */
+    int tok_sync;         /* inside kvr_tokenize(): its callback must not route yet */
+    uint64_t tok_start_ns;
 } preq;
 
 static const char *endpoint_path(kvr_endpoint ep)
@@ -94,8 +99,8 @@ static void set_request_id(preq *p)
 
 static void count_decision(preq *p)
 {
-    if (p->counted)
-        return;
+    if (p->counted || !p->pick.decision)
+        return; /* no decision yet (queued, or fetching token ids): nothing to count */
     p->counted = 1;
     const char *lv[] = {p->model, p->route->ops->name, p->pick.decision};
     kvr_metric_inc(p->app->m.decisions, lv, 1);
@@ -119,6 +124,8 @@ static void preq_free(preq *p)
         g_live = p->next;
     if (p->next)
         p->next->prev = p->prev;
+    if (p->tok)
+        kvr_tokenize_cancel(p->tok);
     kvr_buf_free(&p->held);
     kvr_request_keys_free(&p->keys);
     kvr_usage_free(&p->usage);
@@ -167,6 +174,30 @@ static void attempt_ended(preq *p, int code)
     p->att = NULL;
 }
 
+/* How far the policy's view of the chosen worker's cache was from what the worker reported:
+ * exact picks predicted resident tokens; approximate ones a byte ratio, which turns into tokens
+ * with the request's reported prompt size. */
+static void count_prediction(preq *p)
+{
+    if (!p->pick.index || !p->usage.has_cached || p->status / 100 != 2 || p->usage.prompt <= 0)
+        return;
+    double predicted = p->pick.predicted_tokens >= 0
+                           ? (double)p->pick.predicted_tokens
+                           : (p->pick.chosen_match > 0 ? p->pick.chosen_match : 0) *
+                                 (double)p->usage.prompt;
+    double err = predicted - (double)p->usage.cached;
+    if (err < 0)
+        err = -err;
+    const char *lm[] = {p->model};
+    kvr_metric_observe(p->app->m.prediction_error, lm, err);
+    double block = p->pick.block_size ? p->pick.block_size : 16;
+    const char *lw[] = {p->model, p->w->url};
+    if (err > block)
+        kvr_metric_inc(p->app->m.mispredictions, lw, 1);
+    else
+        kvr_metric_inc(p->app->m.mispredictions, lw, 0);
+}
+
 static void count_usage(preq *p)
 {
     kvr_usage_finish(&p->usage);
@@ -176,6 +207,7 @@ static void count_usage(preq *p)
     kvr_metric_inc(p->app->m.prompt_tokens, lv, (double)p->usage.prompt);
     kvr_metric_inc(p->app->m.cached_tokens, lv, (double)p->usage.cached);
     kvr_metric_inc(p->app->m.completion_tokens, lv, (double)p->usage.completion);
+    count_prediction(p);
 }
 
 static void queue_left(preq *p);
@@ -312,6 +344,9 @@ static void on_headers(void *ud, int status, const kvr_http_header *h, size_t n)
         snprintf(p->match, sizeof(p->match), "%.2f", p->pick.match);
         out[k++] = (kvr_http_header){"x-kvroute-match", 15, p->match, strlen(p->match)};
     }
+    if (p->pick.index)
+        out[k++] = (kvr_http_header){"x-kvroute-index", 15, p->pick.index,
+                                     strlen(p->pick.index)};
     count_decision(p);
     int ok = status / 100 == 2;
     kvr_usage_init(&p->usage, p->sse, ok ? p->app->cfg.max_usage_bytes : 0,
@@ -588,6 +623,35 @@ static int pick_with_room(preq *p, int process);
 static void enqueue(preq *p);
 static int over_rate_limit(preq *p, const json_t *body);
 
+static void route_now(preq *p);
+
+static void on_tokens(void *ud, const uint32_t *ids, size_t n, kvr_tokenize_source src)
+{
+    preq *p = ud;
+    p->tok = NULL;
+    const char *lm[] = {p->model}, *ls[] = {p->model, kvr_tokenize_source_name(src)};
+    kvr_metric_inc(p->app->m.tokenize, ls, 1);
+    kvr_metric_observe(p->app->m.tokenize_seconds, lm,
+                       (double)(kvr_now_ns() - p->tok_start_ns) / 1e9);
+    if (ids && n)
+        kvr_request_keys_set_tokens(&p->keys, ids, n); /* on failure: routed approximately */
+    if (!p->tok_sync)
+        route_now(p);
+}
+
+/* Starts fetching the prompt's token ids (precise routing). Returns 1 when the answer comes
+ * later (on_tokens then routes), 0 when it is already in the keys (or cannot be had). */
+static int fetch_tokens(preq *p)
+{
+    kvr_tokenize_op *op;
+    p->tok_start_ns = kvr_now_ns();
+    p->tok_sync = 1;
+    kvr_request_keys_tokenize(p->app, p->route, p->ep, p->req, &p->keys, on_tokens, p, &op);
+    p->tok_sync = 0;
+    p->tok = op;
+    return op != NULL;
+}
+
 static void no_eligible(preq *p)
 {
     char ra[24];
@@ -635,6 +699,15 @@ void kvr_proxy_forward(kvr_app *app, kvr_http_req *r, kvr_endpoint ep, kvr_route
     build_forward_headers(p);
     kvr_http_req_cbs cbs = {on_drain, on_client_gone};
     kvr_http_req_set_cbs(r, &cbs, p);
+    if (route->ops->uses_tokens && app->tokenizer && fetch_tokens(p))
+        return;
+    route_now(p);
+}
+
+/* Routes a request whose keys are complete: a pick now, or a place in the queue. */
+static void route_now(preq *p)
+{
+    kvr_app *app = p->app;
     int rc = pick_with_room(p, 1);
     if (rc < 0) {
         no_eligible(p);
@@ -863,7 +936,10 @@ static int start_attempt(preq *p)
     p->verdict = 0;
     p->att = kvr_upstream_start(p->app->up, "POST", p->url, p->fwd, attempt_headers(p), body, blen,
                                 &upstream_cbs, p);
-    if (!p->att) {
+    if (p->att) {
+        kvr_route_sent(p->route, p->w, &p->keys.k);
+        kvr_kv_events_served(p->app->kv, p->w);
+    } else {
         kvr_app_attempt_abandon(p->app, p->w, p->trial);
         slot_give(p->app, p->w);
         count_error(p, KVR_UP_OTHER);

@@ -8,16 +8,26 @@
 #include "routing/keys.h"
 #include "util/json_read.h"
 
+/* Chat and completions write usage.prompt_tokens(_details); the Responses API writes
+ * usage.input_tokens(_details), inside `response` for its streamed response.completed event. */
 static void take(kvr_usage *u, const char *json, size_t len)
 {
     json_t *j = kvr_json_read(json, len, NULL);
     json_t *usage = j ? json_object_get(j, "usage") : NULL;
+    if (!json_is_object(usage))
+        usage = json_object_get(json_object_get(j, "response"), "usage");
     if (json_is_object(usage)) {
+        int resp = !json_object_get(usage, "prompt_tokens") &&
+                   json_object_get(usage, "input_tokens");
         u->found = 1;
-        u->prompt = json_integer_value(json_object_get(usage, "prompt_tokens"));
-        u->completion = json_integer_value(json_object_get(usage, "completion_tokens"));
-        json_t *d = json_object_get(usage, "prompt_tokens_details");
-        u->cached = json_integer_value(json_object_get(d, "cached_tokens"));
+        u->prompt = json_integer_value(json_object_get(usage, resp ? "input_tokens"
+                                                                   : "prompt_tokens"));
+        u->completion = json_integer_value(json_object_get(usage, resp ? "output_tokens"
+                                                                       : "completion_tokens"));
+        json_t *d = json_object_get(usage, resp ? "input_tokens_details" : "prompt_tokens_details");
+        json_t *c = json_object_get(d, "cached_tokens");
+        u->has_cached = json_is_integer(c);
+        u->cached = json_integer_value(c);
     }
     size_t idlen;
     const char *id = u->want_id && !u->response_id ? kvr_route_response_id(j, &idlen) : NULL;

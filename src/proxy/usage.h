@@ -1,7 +1,9 @@
 /* Reads token `usage` (and, for the Responses API, the response id) from a worker's response
  * as it streams past, for
  * kvroute_{prompt,cached,completion}_tokens_total (DESIGN §10): the JSON body's `usage`, or the
- * SSE chunk that carries one (the final chunk with stream_options.include_usage). SSE events
+ * SSE chunk that carries one (the final chunk with stream_options.include_usage). Responses
+ * API answers count input_tokens / input_tokens_details.cached_tokens / output_tokens, also
+ * from the `response` object of a streamed response.completed event. SSE events
  * split across reads are reassembled before anything parses them. */
 #ifndef KVR_PROXY_USAGE_H
 #define KVR_PROXY_USAGE_H
@@ -17,6 +19,7 @@ typedef struct kvr_usage {
     int found;          /**< a usage object was read */
     long long prompt;   /**< usage.prompt_tokens */
     long long cached;   /**< usage.prompt_tokens_details.cached_tokens */
+    int has_cached;     /**< the worker reported cached_tokens (0 when absent) */
     long long completion; /**< usage.completion_tokens */
     int want_id;        /**< also look for the Responses API response id */
     char *response_id;  /**< the id found (owned; NULL until found) */

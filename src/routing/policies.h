@@ -21,9 +21,13 @@ extern const kvr_policy_ops kvr_policy_power_of_two; /**< less loaded of two ran
 extern const kvr_policy_ops kvr_policy_consistent_hash;
 extern const kvr_policy_ops kvr_policy_rendezvous_hash;
 extern const kvr_policy_ops kvr_policy_cache_aware;
+/** precise: cache_aware whose prefix stage first asks the KV block index (fed by the workers'
+ *  vLLM KV events) for workers in the exact trust state; see routing/policy_cache_aware.h. */
+extern const kvr_policy_ops kvr_policy_precise;
 
 /** Policies listed by kvr_policy_find() beyond the simple ones (a trailing list, may be empty). */
 #define KVR_POLICIES_EXTRA                                                                    \
-    &kvr_policy_consistent_hash, &kvr_policy_rendezvous_hash, &kvr_policy_cache_aware
+    &kvr_policy_consistent_hash, &kvr_policy_rendezvous_hash, &kvr_policy_cache_aware,        \
+        &kvr_policy_precise
 
 #endif

@@ -14,6 +14,9 @@ typedef struct kvr_route_keys {
     size_t session_len;    /**< bytes */
     const char *text;      /**< routing text (what the engine will cache), NULL/0 when none */
     size_t text_len;       /**< bytes */
+    const uint32_t *tokens; /**< the prompt's token ids as the engine caches them (precise
+                                 policy, proxy/tokenize.h), NULL when unknown */
+    size_t ntokens;
 } kvr_route_keys;
 
 /** A policy's answer. */
@@ -23,6 +26,13 @@ typedef struct kvr_pick {
                                 session_id_match, prefix_match, low_match_min_load,
                                 empty_key_min_load, load_balance (DESIGN §7) */
     double match;          /**< best prefix match ratio 0..1 over eligible workers, -1 = n/a */
+    const char *index;     /**< which index scored the chosen worker: "exact" (KV block index,
+                                precise) or "approximate" (prefix index); NULL for policies
+                                that match no prefix (x-kvroute-index) */
+    double chosen_match;   /**< match ratio of the chosen worker itself (-1 = n/a) */
+    int64_t predicted_tokens; /**< exact: prompt tokens predicted cached on the chosen worker;
+                                   -1 when only a ratio is known (approximate) */
+    uint32_t block_size;   /**< exact: the chosen worker's block size in tokens (0 = n/a) */
 } kvr_pick;
 
 /** Tunables shared by the policies (flags). */
@@ -35,6 +45,8 @@ typedef struct kvr_policy_cfg {
     size_t block_bytes;            /**< prefix index block size in bytes (64) */
     size_t max_index_blocks;       /**< global cap on distinct block keys (4,000,000) */
     size_t worker_index_blocks;    /**< per-worker cap, 0 = from KV capacity / global cap */
+    struct kvr_kv_events *kv;      /**< the KV events and KV block index (borrowed from the app;
+                                        precise reads it), NULL = none */
 } kvr_policy_cfg;
 void kvr_policy_cfg_default(kvr_policy_cfg *c);
 
@@ -68,6 +80,10 @@ typedef struct kvr_explain_row {
     int64_t inflight;          /**< its load at decision time */
     int overloaded;            /**< 1 when the overload gate refuses it */
     int session_owner;         /**< 1 when the request's session key is bound to it */
+    size_t kv_blocks;          /**< precise: leading blocks of the prompt resident on it per
+                                    the KV block index (its trust state aside) */
+    const char *trust;         /**< precise: its KV-event trust state ("exact", …), else NULL */
+    const char *index;         /**< which index scored it ("exact"/"approximate"), or NULL */
 } kvr_explain_row;
 
 /** Operations of a policy. Only `name`, `create`, `pick` and `destroy` are mandatory. */
@@ -103,10 +119,15 @@ typedef struct kvr_policy_ops {
      *  (policies whose tunables it reads only at create time list no retune, and a reload
      *  with other tunables makes a fresh instance). */
     int (*retune)(void *self, const kvr_policy_cfg *cfg);
+    /** Optional: an attempt with keys `k` was just sent to `w` (precise records the prompt's
+     *  blocks there as speculative until an event settles them). */
+    void (*sent)(void *self, kvr_worker *w, const kvr_route_keys *k);
+    /** 1 when pick() reads the prompt's token ids (the proxy then fetches them first). */
+    int uses_tokens;
 } kvr_policy_ops;
 
 /** Looks a policy up by name ("round_robin", "random", "least_load", "power_of_two",
- *  "consistent_hash", "rendezvous_hash", "cache_aware"); NULL if unknown. */
+ *  "consistent_hash", "rendezvous_hash", "cache_aware", "precise"); NULL if unknown. */
 const kvr_policy_ops *kvr_policy_find(const char *name);
 /** Comma-separated names of all policies, for --help. */
 const char *kvr_policy_names(void);

@@ -4,12 +4,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "events/kvevents.h"
 #include "index/prefix_index.h"
 #include "routing/policies.h"
 #include "util/rand.h"
 #include "util/time.h"
 
 #define TEACH_SWEEP 4          /* expired sessions dropped per teach: O(1) amortized expiry */
+/* Block size assumed for an exact worker that has not stored a block yet (vLLM's CUDA
+ * default, --block-size 16): it then holds nothing, so only speculative entries use it. */
+#define DEFAULT_KV_BLOCK 16
+/* Block sizes kept hashed at once while scoring one request (fleets use one, rarely two). */
+#define MAX_BLOCK_SIZES 4
 
 typedef struct ca_state {
     kvr_policy_cfg cfg;
@@ -20,6 +26,15 @@ typedef struct ca_state {
     size_t nscratch;
     int64_t *kv_seen;          /* by worker id: kv_tokens last turned into an index cap */
     size_t nkv;
+    int precise;               /* the precise policy: exact workers scored by the KV index */
+    double *ratio;             /* per-pick scratch: each worker's match ratio */
+    size_t *kv_run;            /* ... its resident leading blocks (exact workers) */
+    unsigned char *exact;      /* ... 1 when scored by the KV block index */
+    struct {                   /* the prompt's block keys, per block size */
+        uint32_t bs;
+        uint64_t *keys;
+        size_t n, cap;
+    } kk[MAX_BLOCK_SIZES];
 } ca_state;
 
 static void ca_destroy(void *self)
@@ -32,6 +47,11 @@ static void ca_destroy(void *self)
     free(s->ids);
     free(s->matched);
     free(s->kv_seen);
+    free(s->ratio);
+    free(s->kv_run);
+    free(s->exact);
+    for (int i = 0; i < MAX_BLOCK_SIZES; i++)
+        free(s->kk[i].keys);
     free(s);
 }
 
@@ -71,10 +91,85 @@ static int scratch(ca_state *s, size_t n)
     size_t *b = realloc(s->matched, n * sizeof(*b));
     if (b)
         s->matched = b;
-    if (!a || !b)
+    double *c = realloc(s->ratio, n * sizeof(*c));
+    if (c)
+        s->ratio = c;
+    size_t *d = realloc(s->kv_run, n * sizeof(*d));
+    if (d)
+        s->kv_run = d;
+    unsigned char *e = realloc(s->exact, n);
+    if (e)
+        s->exact = e;
+    if (!a || !b || !c || !d || !e)
         return -1;
     s->nscratch = n;
     return 0;
+}
+
+/* The prompt's block keys in block size `bs`, hashed once per pick and size (NULL when
+ * memory ran out or too many sizes are in play). */
+static const uint64_t *block_keys(ca_state *s, const kvr_route_keys *k, uint32_t bs, size_t *n)
+{
+    int slot = -1;
+    for (int i = 0; i < MAX_BLOCK_SIZES && slot < 0; i++)
+        if (s->kk[i].bs == bs || s->kk[i].bs == 0)
+            slot = i;
+    if (slot < 0)
+        return NULL;
+    if (s->kk[slot].bs != bs) {
+        size_t need = k->ntokens / bs;
+        if (need > s->kk[slot].cap) {
+            uint64_t *p = realloc(s->kk[slot].keys, (need ? need : 1) * sizeof(*p));
+            if (!p)
+                return NULL;
+            s->kk[slot].keys = p;
+            s->kk[slot].cap = need;
+        }
+        s->kk[slot].n = kvr_kv_index_keys(k->tokens, k->ntokens, bs, s->kk[slot].keys, need);
+        s->kk[slot].bs = bs;
+    }
+    *n = s->kk[slot].n;
+    return s->kk[slot].keys;
+}
+
+static void block_keys_reset(ca_state *s)
+{
+    for (int i = 0; i < MAX_BLOCK_SIZES; i++)
+        s->kk[i].bs = 0;
+}
+
+static uint32_t worker_block_size(const ca_state *s, size_t id)
+{
+    uint32_t bs = kvr_kv_index_block_size(kvr_kv_events_index(s->cfg.kv), id);
+    return bs ? bs : DEFAULT_KV_BLOCK;
+}
+
+/* precise: workers whose events are exact are scored by the KV block index (resident tokens /
+ * prompt tokens); `exact[i]` says which. Returns 1 when any worker was. */
+static int score_exact(ca_state *s, kvr_worker *const *el, size_t n, const kvr_route_keys *k)
+{
+    memset(s->exact, 0, n);
+    memset(s->kv_run, 0, n * sizeof(*s->kv_run));
+    if (!s->precise || !s->cfg.kv || !k || !k->tokens || !k->ntokens)
+        return 0;
+    kvr_kv_index *ix = kvr_kv_events_index(s->cfg.kv);
+    uint64_t now = kvr_now_ms();
+    int any = 0;
+    block_keys_reset(s);
+    for (size_t i = 0; i < n; i++) {
+        if (kvr_kv_events_trust(s->cfg.kv, el[i]->id) != KVR_KV_EXACT)
+            continue;
+        uint32_t bs = worker_block_size(s, el[i]->id);
+        size_t nk;
+        const uint64_t *keys = block_keys(s, k, bs, &nk);
+        if (!keys)
+            continue;
+        s->kv_run[i] = kvr_kv_index_match(ix, el[i]->id, keys, nk, now, NULL);
+        s->ratio[i] = (double)(s->kv_run[i] * bs) / (double)k->ntokens;
+        s->exact[i] = 1;
+        any = 1;
+    }
+    return any;
 }
 
 static int overloaded(const ca_state *s, const kvr_worker *w, int64_t min_load)
@@ -82,6 +177,25 @@ static int overloaded(const ca_state *s, const kvr_worker *w, int64_t min_load)
     double load = (double)w->inflight, min = (double)min_load;
     return load - min > s->cfg.balance_abs_threshold &&
            load > min * s->cfg.balance_rel_threshold;
+}
+
+/* Fills the pick for eligible worker `i`: what was predicted about its cache, for the
+ * x-kvroute-index header and the prediction-error metrics. */
+static int chose(ca_state *s, kvr_worker *const *el, size_t i, const kvr_route_keys *k,
+                 kvr_pick *out)
+{
+    out->worker = el[i];
+    out->index = s->exact[i] ? "exact" : "approximate";
+    out->chosen_match = s->ratio[i];
+    if (s->exact[i]) {
+        out->block_size = worker_block_size(s, el[i]->id);
+        out->predicted_tokens = (int64_t)(s->kv_run[i] * out->block_size);
+    } else {
+        out->block_size = 0;
+        out->predicted_tokens = -1;
+        (void)k;
+    }
+    return 0;
 }
 
 /* The whole decision; `rows` (may be NULL) receives the per-worker view. Learns nothing. */
@@ -98,18 +212,23 @@ static int decide(ca_state *s, kvr_worker *const *el, size_t n, const kvr_route_
         if (el[i]->inflight < min_load)
             min_load = el[i]->inflight;
 
-    size_t best = 0;
     if (tlen) {
         for (size_t i = 0; i < n; i++)
             s->ids[i] = el[i]->id;
         kvr_prefix_index_match(s->index, text, tlen, s->ids, n, s->matched);
-        for (size_t i = 0; i < n; i++)
-            if (s->matched[i] > best)
-                best = s->matched[i];
     } else {
         memset(s->matched, 0, n * sizeof(*s->matched));
     }
-    out->match = tlen ? (double)best / (double)tlen : -1;
+    /* Each worker's ratio from the index that can vouch for it (DESIGN §6: per worker). */
+    int any_exact = score_exact(s, el, n, k);
+    double best = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!s->exact[i])
+            s->ratio[i] = tlen ? (double)s->matched[i] / (double)tlen : 0;
+        if (s->ratio[i] > best)
+            best = s->ratio[i];
+    }
+    out->match = tlen || any_exact ? best : -1;
 
     size_t owner_id = 0;
     int has_owner = slen && kvr_session_map_get(s->sessions, sess, slen, kvr_now_ms(), &owner_id);
@@ -118,10 +237,14 @@ static int decide(ca_state *s, kvr_worker *const *el, size_t n, const kvr_route_
             rows[i] = (kvr_cache_aware_explain_row){
                 .worker = el[i],
                 .matched_bytes = s->matched[i],
-                .match = tlen ? (double)s->matched[i] / (double)tlen : -1,
+                .match = tlen || s->exact[i] ? s->ratio[i] : -1,
                 .inflight = el[i]->inflight,
                 .overloaded = overloaded(s, el[i], min_load),
                 .session_owner = has_owner && el[i]->id == owner_id,
+                .kv_blocks = s->kv_run[i],
+                .trust = s->precise ? kvr_kv_trust_name(kvr_kv_events_trust(s->cfg.kv, el[i]->id))
+                                    : NULL,
+                .index = s->exact[i] ? "exact" : "approximate",
             };
 
     int refused = 0;
@@ -131,38 +254,42 @@ static int decide(ca_state *s, kvr_worker *const *el, size_t n, const kvr_route_
             if (el[i]->id != owner_id)
                 continue;
             if (!overloaded(s, el[i], min_load)) {
-                out->worker = el[i];
                 out->decision = "session_id_match";
-                return 0;
+                return chose(s, el, i, k, out);
             }
             refused = 1;
             break;
         }
     }
-    /* 2. Prefix affinity: the best match, ties at random among those not overloaded. */
-    if (best && out->match >= s->cfg.cache_threshold) {
-        kvr_worker *pick = NULL;
+    /* 2. Prefix affinity: the best match, ties at random among those not overloaded; an
+     *    exact worker's match is resident blocks (kv_match), another's the prefix index's. */
+    if (best > 0 && best >= s->cfg.cache_threshold) {
+        size_t pick = n;
         uint64_t ties = 0;
         for (size_t i = 0; i < n; i++) {
-            if (s->matched[i] != best)
+            if (s->ratio[i] != best)
                 continue;
             if (overloaded(s, el[i], min_load)) {
                 refused = 1;
                 continue;
             }
             if (kvr_rand_below(++ties) == 0)
-                pick = el[i];
+                pick = i;
         }
-        if (pick) {
-            out->worker = pick;
-            out->decision = "prefix_match";
-            return 0;
+        if (pick < n) {
+            out->decision = s->exact[pick] ? "kv_match" : "prefix_match";
+            return chose(s, el, pick, k, out);
         }
     }
     /* 3. Least load. */
-    out->worker = kvr_policy_least_loaded(el, n);
-    out->decision = refused ? "load_balance" : !tlen ? "empty_key_min_load" : "low_match_min_load";
-    return 0;
+    kvr_worker *least = kvr_policy_least_loaded(el, n);
+    out->decision = refused ? "load_balance"
+                    : !tlen && !any_exact ? "empty_key_min_load"
+                                          : "low_match_min_load";
+    for (size_t i = 0; i < n; i++)
+        if (el[i] == least)
+            return chose(s, el, i, k, out);
+    return -1;
 }
 
 static int ca_pick(void *self, kvr_worker *const *el, size_t n, const kvr_route_keys *k,
@@ -269,6 +396,49 @@ static int ca_retune(void *self, const kvr_policy_cfg *cfg)
     s->cfg.balance_rel_threshold = cfg->balance_rel_threshold;
     return 0;
 }
+
+/* precise: the prompt's blocks count as resident on the worker it was just sent to, until an
+ * event settles them or --kv-speculative-ms passes (llm-d's speculative indexing), so a burst
+ * sharing a new prefix is not scattered while the worker's events are in flight. */
+static void precise_sent(void *self, kvr_worker *w, const kvr_route_keys *k)
+{
+    ca_state *s = self;
+    if (!s->cfg.kv || !k || !k->tokens || !k->ntokens ||
+        kvr_kv_events_trust(s->cfg.kv, w->id) == KVR_KV_FALLBACK)
+        return;
+    uint64_t ttl = kvr_kv_events_speculative_ms(s->cfg.kv);
+    size_t n;
+    block_keys_reset(s);
+    const uint64_t *keys = ttl ? block_keys(s, k, worker_block_size(s, w->id), &n) : NULL;
+    if (keys && n)
+        kvr_kv_index_speculate(kvr_kv_events_index(s->cfg.kv), w->id, keys, n,
+                               kvr_now_ms() + ttl);
+}
+
+static void *precise_create(const kvr_policy_cfg *cfg, const char *model)
+{
+    ca_state *s = ca_create(cfg, model);
+    if (s)
+        s->precise = 1;
+    return s;
+}
+
+const kvr_policy_ops kvr_policy_precise = {
+    .name = "precise",
+    .create = precise_create,
+    .pick = ca_pick,
+    .teach = ca_teach,
+    .forget_worker = ca_forget,
+    .destroy = ca_destroy,
+    .uses_keys = 1,
+    .explain = kvr_cache_aware_explain,
+    .stats = kvr_cache_aware_stats_get,
+    .worker_stats = kvr_cache_aware_worker_stats_get,
+    .sweep = kvr_cache_aware_sweep,
+    .retune = ca_retune,
+    .sent = precise_sent,
+    .uses_tokens = 1,
+};
 
 const kvr_policy_ops kvr_policy_cache_aware = {
     .name = "cache_aware",

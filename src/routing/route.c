@@ -199,6 +199,7 @@ int kvr_route_pick(kvr_route *r, const size_t *exclude, size_t nex, const kvr_ro
     size_t n = candidates(r, exclude, nex);
     if (n == 0)
         return -1;
+    *out = (kvr_pick){.match = -1, .chosen_match = -1, .predicted_tokens = -1};
     if (!pinned(r, n, pin, pin_len, out) &&
         r->ops->pick(r->state->policy, r->scratch, n, k, out) < 0)
         return -1;
@@ -214,6 +215,7 @@ int kvr_route_explain(kvr_route *r, const kvr_route_keys *k, const char *pin, si
     *nrows = n;
     if (n == 0)
         return -1;
+    *out = (kvr_pick){.match = -1, .chosen_match = -1, .predicted_tokens = -1};
     int rc;
     if (r->ops->explain) {
         rc = r->ops->explain(r->state->policy, r->scratch, n, k, r->rows, out);
@@ -223,7 +225,7 @@ int kvr_route_explain(kvr_route *r, const kvr_route_keys *k, const char *pin, si
             r->rows[i] = (kvr_explain_row){.worker = r->scratch[i], .match = -1,
                                            .inflight = r->scratch[i]->inflight};
     }
-    kvr_pick pin_pick;
+    kvr_pick pin_pick = {.match = -1, .chosen_match = -1, .predicted_tokens = -1};
     if (rc == 0 && pinned(r, n, pin, pin_len, &pin_pick))
         *out = pin_pick;
     return rc;
@@ -233,6 +235,12 @@ void kvr_route_teach(kvr_route *r, kvr_worker *w, const kvr_route_keys *k)
 {
     if (!w->removed && r->ops->teach)
         r->ops->teach(r->state->policy, w, k);
+}
+
+void kvr_route_sent(kvr_route *r, kvr_worker *w, const kvr_route_keys *k)
+{
+    if (r->ops->sent)
+        r->ops->sent(r->state->policy, w, k);
 }
 
 void kvr_route_pin_response(kvr_route *r, const char *id, size_t len, kvr_worker *w)

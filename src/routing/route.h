@@ -96,6 +96,8 @@ const kvr_route_target *kvr_route_target_of(const kvr_route *r, const kvr_worker
 /** Worker `w` answered 2xx headers for a request with keys `k`: learn it (nothing for a
  *  worker that was removed meanwhile). */
 void kvr_route_teach(kvr_route *r, kvr_worker *w, const kvr_route_keys *k);
+/** An attempt with keys `k` was just sent to `w` (policies that predict residency record it). */
+void kvr_route_sent(kvr_route *r, kvr_worker *w, const kvr_route_keys *k);
 /** Worker `w` produced the stored response `id` (len bytes): later requests continuing it
  *  go there. */
 void kvr_route_pin_response(kvr_route *r, const char *id, size_t len, kvr_worker *w);

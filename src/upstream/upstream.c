@@ -39,6 +39,11 @@ size_t kvr_upstream_active(const kvr_upstream *u)
     return u->active;
 }
 
+uv_loop_t *kvr_upstream_loop(const kvr_upstream *u)
+{
+    return u->loop;
+}
+
 /* ---- attempt lists ---- */
 
 static void active_link(kvr_upstream *u, kvr_upstream_attempt *a)

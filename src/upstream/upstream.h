@@ -95,5 +95,8 @@ void kvr_upstream_cancel(kvr_upstream_attempt *a);
 int kvr_upstream_body_sent(kvr_upstream_attempt *a, size_t len);
 /** Number of attempts in progress. */
 size_t kvr_upstream_active(const kvr_upstream *u);
+/** The loop the client runs on (the one given to kvr_upstream_new()), for callers that need
+ *  their own timers next to its attempts (e.g. a deadline shorter than first_byte_timeout_ms). */
+uv_loop_t *kvr_upstream_loop(const kvr_upstream *u);
 
 #endif

@@ -40,14 +40,17 @@ static void on_sample(void *ud, const kvr_prom_sample *s)
         r->start_time = s->value;
     } else if (strcmp(s->name, "vllm:cache_config_info") == 0) {
         const char *nb = label(s, "num_gpu_blocks"), *bs = label(s, "block_size");
-        if (nb && bs && atof(nb) > 0 && atof(bs) > 0)
+        if (nb && bs && atof(nb) > 0 && atof(bs) > 0) {
             r->kv_tokens = atof(nb) * atof(bs);
+            r->block_size = atof(bs);
+        }
     }
 }
 
 void kvr_scrape_parse(const char *text, size_t len, kvr_scrape_result *out)
 {
     out->running = out->waiting = out->kv_usage = out->kv_tokens = out->start_time = -1;
+    out->block_size = 0;
     kvr_prom_parse(text, len, on_sample, out);
 }
 
@@ -75,6 +78,8 @@ static void on_metrics(kvr_workers_ctx *ctx, kvr_worker *w, int status, const ch
         }
         w->start_time = r.start_time;
     }
+    if (r.block_size > 0 && r.block_size < 1e6)
+        w->kv_block_size = (uint32_t)r.block_size;
     int64_t tokens = r.kv_tokens >= 0 ? (int64_t)r.kv_tokens : -1;
     if (tokens != w->kv_tokens) {
         w->kv_tokens = tokens;

@@ -10,6 +10,7 @@ typedef struct kvr_scrape_result {
     double waiting;   /**< Σ vllm:num_requests_waiting */
     double kv_usage;  /**< max vllm:kv_cache_usage_perc (older: vllm:gpu_cache_usage_perc), 0..1 */
     double kv_tokens; /**< num_gpu_blocks × block_size from vllm:cache_config_info labels */
+    double block_size; /**< its block_size label (0 when absent) */
     double start_time; /**< process_start_time_seconds (Prometheus client convention, which
                             vLLM's server exports): a change means the engine restarted */
 } kvr_scrape_result;

@@ -36,6 +36,8 @@ typedef struct kvr_worker {
     double kv_usage;        /**< scraped vllm:kv_cache_usage_perc (0..1), -1 when unknown */
     int64_t kv_tokens;      /**< KV capacity in tokens (num_gpu_blocks × block_size from
                                  vllm:cache_config_info), -1 when unknown */
+    uint32_t kv_block_size; /**< tokens per KV block (vllm:cache_config_info's block_size),
+                                 0 when unknown; cross-checks the KV events' block_size */
     uint64_t requests;      /**< attempts started on it, for /workers */
     kvr_breaker breaker;    /**< passive health: results of the requests it served */
     uint32_t check_fails;   /**< failed health checks in a row */

@@ -49,8 +49,8 @@ static void free_fx(fx *f)
 
 static kvr_route_keys keys(const char *session, const char *text)
 {
-    return (kvr_route_keys){session, session ? strlen(session) : 0, text,
-                            text ? strlen(text) : 0};
+    return (kvr_route_keys){.session = session, .session_len = session ? strlen(session) : 0,
+                            .text = text, .text_len = text ? strlen(text) : 0};
 }
 
 static kvr_pick pick_n(fx *f, kvr_worker *const *el, size_t n, const char *session,

@@ -237,7 +237,8 @@ static void fleet_init(fleet *f, size_t n)
 static kvr_worker *pick(const kvr_policy_ops *ops, void *p, kvr_worker *const *el, size_t n,
                         const char *session, const char *text)
 {
-    kvr_route_keys k = {session, session ? strlen(session) : 0, text, text ? strlen(text) : 0};
+    kvr_route_keys k = {.session = session, .session_len = session ? strlen(session) : 0,
+                        .text = text, .text_len = text ? strlen(text) : 0};
     kvr_pick out = {0};
     assert_int_equal(ops->pick(p, el, n, &k, &out), 0);
     assert_string_equal(out.decision, ops->name);

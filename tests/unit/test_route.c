@@ -60,7 +60,7 @@ static kvr_route *make(fx *f, const char *name, const kvr_policy_ops *ops, size_
 
 static kvr_route_keys keys(const char *text)
 {
-    return (kvr_route_keys){NULL, 0, text, strlen(text)};
+    return (kvr_route_keys){.text = text, .text_len = strlen(text)};
 }
 
 static void test_targets_and_exclusion(void **state)
