@@ -1,6 +1,7 @@
 /* kvroute-sim endpoints: request parsing, admission (faults, delay), streaming the engine's
  * tokens back as OpenAI JSON/SSE. Response JSON is written by hand on the hot path (jansson
- * only parses requests). */
+ * only parses requests). The three generation endpoints share everything up to the engine;
+ * only their output writers differ. */
 #include "api.h"
 
 #include <jansson.h>
@@ -8,15 +9,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "util/json_read.h"
+#include "respstore.h"
 #include "template.h"
 #include "tokenizer.h"
+#include "util/json_read.h"
 #include "util/log.h"
 #include "util/oai_error.h"
 #include "util/time.h"
 
 #define JSON_TYPE "application/json"
 #define METRICS_CAP (16u << 20)
+#define DETOK_CAP (16u << 20) /* detokenized text; its JSON must fit the 64 MiB scratch */
 
 struct kvr_sim_api {
     uv_loop_t *loop;
@@ -28,12 +31,27 @@ struct kvr_sim_api {
     kvr_sim_faults *faults;
     kvr_metrics *reg;
     kvr_sim_vmetrics *vm;
+    kvr_sim_pieces *pieces;        /* NULL with --detokenize-cache-entries 0 */
+    kvr_sim_resp_store *responses;
     size_t ndelayed;
     uint64_t next_id;
     kvr_buf scratch;
 };
 
-/* One completion request, from arrival to the end of its response. It is freed once the HTTP
+enum { K_COMPLETION, K_CHAT, K_RESPONSE };
+
+/* What a /v1/responses request adds. */
+typedef struct resp_extra {
+    json_t *instructions, *prev; /* strings from the request (referenced), or NULL */
+    int store;
+    uint64_t counter;            /* of the response id in the store */
+    uint32_t *conv;              /* to store at the end: input ids, output ids, <|eot_id|> */
+    size_t nconv, conv_cap;
+    char msg_id[48];
+    uint64_t seqno;              /* sequence_number of the next stream event */
+} resp_extra;
+
+/* One generation request, from arrival to the end of its response. It is freed once the HTTP
  * request is released, the engine no longer knows it and its delay timer is closed. */
 typedef struct sim_req {
     kvr_sim_api *api;
@@ -41,15 +59,16 @@ typedef struct sim_req {
     kvr_sim_seq *seq;
     uv_timer_t timer;
     int timer_open, delayed;
-    int chat, stream, include_usage, fail, stalled, in_cb;
+    int kind, stream, include_usage, fail, stalled, in_cb;
     uint32_t *tokens; /* until submitted */
     size_t ntok, max_tokens;
-    kvr_buf text; /* non-streaming output */
+    kvr_buf text; /* output text, when the response needs it at the end */
     char id[48];
     char *xrid; /* the client's x-request-id, echoed */
     int64_t created;
     long events;
     uint64_t arrival_ns, last_token_ns, gen_seed;
+    resp_extra *rx; /* K_RESPONSE only */
 } sim_req;
 
 /* ---- small writers ---- */
@@ -90,6 +109,26 @@ static int put_u64(kvr_buf *b, uint64_t v)
     return kvr_buf_append(b, tmp + i, (size_t)(24 - i));
 }
 
+/* A JSON string value from the request, or null. */
+static int put_jstr_or_null(kvr_buf *b, const json_t *s)
+{
+    return s ? put_json_str(b, json_string_value(s), json_string_length(s))
+             : kvr_buf_puts(b, "null");
+}
+
+/* Bytes of `s` to quote in an error message: at most `max`, not ending inside a character
+ * (the error body must stay UTF-8). */
+static int quote_len(const char *s, size_t max)
+{
+    size_t n = strnlen(s, max + 1);
+    if (n > max) {
+        n = max;
+        while (n > 0 && ((unsigned char)s[n] & 0xc0) == 0x80)
+            n--;
+    }
+    return (int)n;
+}
+
 static void send_json(kvr_http_req *req, int status, const kvr_buf *b, const char *xrid)
 {
     kvr_http_header h[1];
@@ -119,6 +158,16 @@ static void send_error(kvr_http_req *req, int status, const char *msg, const cha
 
 /* ---- request lifetime ---- */
 
+static void free_rx(resp_extra *x)
+{
+    if (!x)
+        return;
+    json_decref(x->instructions);
+    json_decref(x->prev);
+    free(x->conv);
+    free(x);
+}
+
 static void maybe_free(sim_req *r)
 {
     if (r->http || r->seq || r->timer_open || r->in_cb)
@@ -126,6 +175,7 @@ static void maybe_free(sim_req *r)
     free(r->tokens);
     free(r->xrid);
     kvr_buf_free(&r->text);
+    free_rx(r->rx);
     free(r);
 }
 
@@ -178,8 +228,9 @@ static void drop(sim_req *r)
     }
 }
 
-/* Writes one SSE event: `b` holds `data: <json>` (the blank line is added here). The
- * stall/drop faults are applied first: they count events already written. */
+/* Writes one SSE event: `b` holds `data: <json>`, possibly after an `event:` line (the blank
+ * line is added here). The stall/drop faults are applied first: they count events already
+ * written. */
 static void sse_send(sim_req *r, kvr_buf *b)
 {
     const kvr_sim_faults *f = r->api->faults;
@@ -199,6 +250,16 @@ static void sse_send(sim_req *r, kvr_buf *b)
     r->events++;
 }
 
+static void end_stream(sim_req *r)
+{
+    if (r->http && !r->stalled) {
+        kvr_http_resp_end(r->http);
+        r->http = NULL;
+    }
+}
+
+/* ---- chat and text completions output ---- */
+
 /* `data: {"id":…,"object":…,"created":…,"model":…,"choices":[` */
 static int chunk_head(sim_req *r, kvr_buf *b)
 {
@@ -206,8 +267,9 @@ static int chunk_head(sim_req *r, kvr_buf *b)
     kvr_buf_reset(b);
     int rc = kvr_buf_puts(b, "data: {\"id\":\"");
     rc |= kvr_buf_puts(b, r->id);
-    rc |= kvr_buf_puts(b, r->chat ? "\",\"object\":\"chat.completion.chunk\",\"created\":"
-                                  : "\",\"object\":\"text_completion\",\"created\":");
+    rc |= kvr_buf_puts(b, r->kind == K_CHAT
+                              ? "\",\"object\":\"chat.completion.chunk\",\"created\":"
+                              : "\",\"object\":\"text_completion\",\"created\":");
     rc |= put_u64(b, (uint64_t)r->created);
     rc |= kvr_buf_puts(b, ",\"model\":");
     rc |= put_json_str(b, api->model, strlen(api->model));
@@ -228,49 +290,23 @@ static int put_usage(kvr_buf *b, size_t prompt, size_t completion, size_t cached
     return rc | kvr_buf_puts(b, "}}");
 }
 
-/* ---- engine callbacks ---- */
-
-static void on_token(void *ud, kvr_sim_seq *seq, uint32_t id, size_t idx, int last)
+static void chunk_token(sim_req *r, size_t idx, const char *piece, size_t n, int last)
 {
-    (void)id;
-    sim_req *r = ud;
-    kvr_sim_api *api = r->api;
-    uint64_t now = kvr_now_ns();
-    if (idx == 0) {
-        const kvr_sim_seq_info *in = kvr_sim_seq_get_info(seq);
-        uint64_t adm = in->admitted_ns ? in->admitted_ns : now;
-        kvr_sim_vmetrics_first_token(api->vm, (double)(now - r->arrival_ns) / 1e9,
-                                     (double)(adm - in->arrival_ns) / 1e9, in->prompt_tokens);
-    } else {
-        kvr_sim_vmetrics_token(api->vm, (double)(now - r->last_token_ns) / 1e9);
-    }
-    r->last_token_ns = now;
-    if (!r->http)
-        return;
-    const char *piece;
-    size_t n;
-    kvr_sim_gen_token(r->gen_seed, idx, &piece, &n);
-    if (!r->stream) {
-        kvr_buf_append(&r->text, piece, n);
-        return;
-    }
-    r->in_cb = 1;
-    kvr_buf *b = &api->scratch;
-    if (idx == 0 && r->chat) {
+    int chat = r->kind == K_CHAT;
+    kvr_buf *b = &r->api->scratch;
+    if (idx == 0 && chat) {
         chunk_head(r, b);
         kvr_buf_puts(b, "{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},"
                         "\"logprobs\":null,\"finish_reason\":null}]}");
         sse_send(r, b);
     }
     chunk_head(r, b);
-    kvr_buf_puts(b, r->chat ? "{\"index\":0,\"delta\":{\"content\":" : "{\"index\":0,\"text\":");
+    kvr_buf_puts(b, chat ? "{\"index\":0,\"delta\":{\"content\":" : "{\"index\":0,\"text\":");
     put_json_str(b, piece, n);
-    kvr_buf_puts(b, r->chat ? "}," : ",");
+    kvr_buf_puts(b, chat ? "}," : ",");
     kvr_buf_puts(b, last ? "\"logprobs\":null,\"finish_reason\":\"length\",\"stop_reason\":null}]}"
                          : "\"logprobs\":null,\"finish_reason\":null}]}");
     sse_send(r, b);
-    r->in_cb = 0;
-    maybe_free(r); /* a drop fault released everything */
 }
 
 static void finish_stream(sim_req *r, const kvr_sim_seq_info *in)
@@ -286,10 +322,7 @@ static void finish_stream(sim_req *r, const kvr_sim_seq_info *in)
     kvr_buf_reset(b);
     kvr_buf_puts(b, "data: [DONE]");
     sse_send(r, b);
-    if (r->http && !r->stalled) {
-        kvr_http_resp_end(r->http);
-        r->http = NULL;
-    }
+    end_stream(r);
 }
 
 static void finish_json(sim_req *r, const kvr_sim_seq_info *in)
@@ -299,12 +332,12 @@ static void finish_json(sim_req *r, const kvr_sim_seq_info *in)
     kvr_buf_reset(b);
     kvr_buf_puts(b, "{\"id\":\"");
     kvr_buf_puts(b, r->id);
-    kvr_buf_puts(b, r->chat ? "\",\"object\":\"chat.completion\",\"created\":"
-                            : "\",\"object\":\"text_completion\",\"created\":");
+    kvr_buf_puts(b, r->kind == K_CHAT ? "\",\"object\":\"chat.completion\",\"created\":"
+                                      : "\",\"object\":\"text_completion\",\"created\":");
     put_u64(b, (uint64_t)r->created);
     kvr_buf_puts(b, ",\"model\":");
     put_json_str(b, api->model, strlen(api->model));
-    if (r->chat) {
+    if (r->kind == K_CHAT) {
         kvr_buf_puts(b, ",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\","
                         "\"content\":");
         put_json_str(b, r->text.data ? r->text.data : "", r->text.len);
@@ -325,15 +358,233 @@ static void finish_json(sim_req *r, const kvr_sim_seq_info *in)
     r->http = NULL;
 }
 
+/* ---- /v1/responses output ---- */
+
+/* {"type":"output_text","text":…,"annotations":[]} */
+static int put_text_part(kvr_buf *b, const kvr_buf *text)
+{
+    int rc = kvr_buf_puts(b, "{\"type\":\"output_text\",\"text\":");
+    rc |= put_json_str(b, text->data ? text->data : "", text->len);
+    return rc | kvr_buf_puts(b, ",\"annotations\":[]}");
+}
+
+/* The assistant message item; its text part only once the output is complete. */
+static int put_message_item(sim_req *r, kvr_buf *b, int done)
+{
+    int rc = kvr_buf_puts(b, "{\"id\":\"");
+    rc |= kvr_buf_puts(b, r->rx->msg_id);
+    rc |= kvr_buf_puts(b, done ? "\",\"type\":\"message\",\"status\":\"completed\""
+                               : "\",\"type\":\"message\",\"status\":\"in_progress\"");
+    rc |= kvr_buf_puts(b, ",\"role\":\"assistant\",\"content\":[");
+    if (done)
+        rc |= put_text_part(b, &r->text);
+    return rc | kvr_buf_puts(b, "]}");
+}
+
+static int put_resp_usage(kvr_buf *b, const kvr_sim_seq_info *in)
+{
+    int rc = kvr_buf_puts(b, "{\"input_tokens\":");
+    rc |= put_u64(b, in->prompt_tokens);
+    rc |= kvr_buf_puts(b, ",\"input_tokens_details\":{\"cached_tokens\":");
+    rc |= put_u64(b, in->cached_tokens);
+    rc |= kvr_buf_puts(b, "},\"output_tokens\":");
+    rc |= put_u64(b, in->output_tokens);
+    rc |= kvr_buf_puts(b, ",\"output_tokens_details\":{\"reasoning_tokens\":0},\"total_tokens\":");
+    rc |= put_u64(b, in->prompt_tokens + in->output_tokens);
+    return rc | kvr_buf_puts(b, "}");
+}
+
+/* The response object: in progress (`in` NULL: no output, usage null) or completed. */
+static int put_response(sim_req *r, kvr_buf *b, const kvr_sim_seq_info *in)
+{
+    const resp_extra *x = r->rx;
+    int rc = kvr_buf_puts(b, "{\"id\":\"");
+    rc |= kvr_buf_puts(b, r->id);
+    rc |= kvr_buf_puts(b, "\",\"object\":\"response\",\"created_at\":");
+    rc |= put_u64(b, (uint64_t)r->created);
+    rc |= kvr_buf_puts(b, in ? ",\"status\":\"completed\"" : ",\"status\":\"in_progress\"");
+    rc |= kvr_buf_puts(b, ",\"error\":null,\"incomplete_details\":null,\"instructions\":");
+    rc |= put_jstr_or_null(b, x->instructions);
+    rc |= kvr_buf_puts(b, ",\"max_output_tokens\":");
+    rc |= put_u64(b, r->max_tokens);
+    rc |= kvr_buf_puts(b, ",\"model\":");
+    rc |= put_json_str(b, r->api->model, strlen(r->api->model));
+    rc |= kvr_buf_puts(b, ",\"output\":[");
+    if (in)
+        rc |= put_message_item(r, b, 1);
+    rc |= kvr_buf_puts(b, "],\"previous_response_id\":");
+    rc |= put_jstr_or_null(b, x->prev);
+    rc |= kvr_buf_puts(b, x->store ? ",\"store\":true,\"usage\":" : ",\"store\":false,\"usage\":");
+    rc |= in ? put_resp_usage(b, in) : kvr_buf_puts(b, "null");
+    return rc | kvr_buf_puts(b, "}");
+}
+
+/* `event: <type>` and `data: {"type":<type>,"sequence_number":N` in the scratch buffer; the
+ * caller adds the event's fields, then event_send(). */
+static kvr_buf *event_head(sim_req *r, const char *type)
+{
+    kvr_buf *b = &r->api->scratch;
+    kvr_buf_reset(b);
+    kvr_buf_puts(b, "event: ");
+    kvr_buf_puts(b, type);
+    kvr_buf_puts(b, "\ndata: {\"type\":\"");
+    kvr_buf_puts(b, type);
+    kvr_buf_puts(b, "\",\"sequence_number\":");
+    put_u64(b, r->rx->seqno++);
+    return b;
+}
+
+static void event_send(sim_req *r, kvr_buf *b)
+{
+    if (kvr_buf_puts(b, "}") == 0)
+        sse_send(r, b);
+}
+
+/* `,"item_id":…,"output_index":0,"content_index":0` */
+static void put_item_ref(sim_req *r, kvr_buf *b)
+{
+    kvr_buf_puts(b, ",\"item_id\":\"");
+    kvr_buf_puts(b, r->rx->msg_id);
+    kvr_buf_puts(b, "\",\"output_index\":0,\"content_index\":0");
+}
+
+static void resp_stream_start(sim_req *r)
+{
+    static const char *const types[] = {"response.created", "response.in_progress"};
+    for (size_t i = 0; i < 2; i++) {
+        kvr_buf *b = event_head(r, types[i]);
+        kvr_buf_puts(b, ",\"response\":");
+        put_response(r, b, NULL);
+        event_send(r, b);
+    }
+}
+
+static void resp_stream_token(sim_req *r, size_t idx, const char *piece, size_t n)
+{
+    kvr_buf *b;
+    if (idx == 0) {
+        b = event_head(r, "response.output_item.added");
+        kvr_buf_puts(b, ",\"output_index\":0,\"item\":");
+        put_message_item(r, b, 0);
+        event_send(r, b);
+        b = event_head(r, "response.content_part.added");
+        put_item_ref(r, b);
+        kvr_buf_puts(b, ",\"part\":{\"type\":\"output_text\",\"text\":\"\",\"annotations\":[]}");
+        event_send(r, b);
+    }
+    b = event_head(r, "response.output_text.delta");
+    put_item_ref(r, b);
+    kvr_buf_puts(b, ",\"delta\":");
+    put_json_str(b, piece, n);
+    kvr_buf_puts(b, ",\"logprobs\":[]");
+    event_send(r, b);
+}
+
+static void resp_finish_stream(sim_req *r, const kvr_sim_seq_info *in)
+{
+    kvr_buf *b = event_head(r, "response.output_text.done");
+    put_item_ref(r, b);
+    kvr_buf_puts(b, ",\"text\":");
+    put_json_str(b, r->text.data ? r->text.data : "", r->text.len);
+    kvr_buf_puts(b, ",\"logprobs\":[]");
+    event_send(r, b);
+    b = event_head(r, "response.content_part.done");
+    put_item_ref(r, b);
+    kvr_buf_puts(b, ",\"part\":");
+    put_text_part(b, &r->text);
+    event_send(r, b);
+    b = event_head(r, "response.output_item.done");
+    kvr_buf_puts(b, ",\"output_index\":0,\"item\":");
+    put_message_item(r, b, 1);
+    event_send(r, b);
+    b = event_head(r, "response.completed");
+    kvr_buf_puts(b, ",\"response\":");
+    put_response(r, b, in);
+    event_send(r, b);
+    end_stream(r); /* no [DONE]: Responses streams end with response.completed */
+}
+
+static void resp_finish_json(sim_req *r, const kvr_sim_seq_info *in)
+{
+    kvr_buf *b = &r->api->scratch;
+    kvr_buf_reset(b);
+    if (put_response(r, b, in) < 0)
+        send_error(r->http, 500, "response too large", NULL);
+    else
+        send_json(r->http, 200, b, r->xrid);
+    r->http = NULL;
+}
+
+/* Stored before the answer is written, so a client that sends the follow-up as soon as it
+ * has read the answer always finds it. The ids are what the template renders for the
+ * assistant message: its header ended the prompt, then the output, then <|eot_id|>. */
+static void store_response(sim_req *r)
+{
+    resp_extra *x = r->rx;
+    if (!x->conv)
+        return;
+    x->conv[x->nconv++] = KVR_SIM_TOK_EOT;
+    kvr_sim_resp_store_put(r->api->responses, x->counter, x->conv, x->nconv);
+    x->conv = NULL;
+}
+
+/* ---- engine callbacks ---- */
+
+static void token_metrics(sim_req *r, kvr_sim_seq *seq, size_t idx)
+{
+    kvr_sim_api *api = r->api;
+    uint64_t now = kvr_now_ns();
+    if (idx == 0) {
+        const kvr_sim_seq_info *in = kvr_sim_seq_get_info(seq);
+        uint64_t adm = in->admitted_ns ? in->admitted_ns : now;
+        kvr_sim_vmetrics_first_token(api->vm, (double)(now - r->arrival_ns) / 1e9,
+                                     (double)(adm - in->arrival_ns) / 1e9, in->prompt_tokens);
+    } else {
+        kvr_sim_vmetrics_token(api->vm, (double)(now - r->last_token_ns) / 1e9);
+    }
+    r->last_token_ns = now;
+}
+
+static void on_token(void *ud, kvr_sim_seq *seq, uint32_t id, size_t idx, int last)
+{
+    sim_req *r = ud;
+    token_metrics(r, seq, idx);
+    resp_extra *x = r->rx;
+    if (x && x->conv && x->nconv < x->conv_cap - 1) /* the last slot is for <|eot_id|> */
+        x->conv[x->nconv++] = id;
+    if (!r->http)
+        return;
+    const char *piece;
+    size_t n;
+    kvr_sim_gen_token(r->gen_seed, idx, &piece, &n);
+    if (!r->stream || r->kind == K_RESPONSE)
+        kvr_buf_append(&r->text, piece, n);
+    if (!r->stream)
+        return;
+    r->in_cb = 1;
+    if (r->kind == K_RESPONSE)
+        resp_stream_token(r, idx, piece, n);
+    else
+        chunk_token(r, idx, piece, n, last);
+    r->in_cb = 0;
+    maybe_free(r); /* a drop fault released everything */
+}
+
 static void on_finish(void *ud, kvr_sim_seq *seq)
 {
     sim_req *r = ud;
     const kvr_sim_seq_info *in = kvr_sim_seq_get_info(seq);
     r->seq = NULL; /* freed by the engine when this returns */
     kvr_sim_vmetrics_finished(r->api->vm, (double)(kvr_now_ns() - r->arrival_ns) / 1e9);
+    if (r->rx)
+        store_response(r);
     r->in_cb = 1;
     if (r->http && !r->stalled) {
-        if (r->stream)
+        if (r->kind == K_RESPONSE && r->stream)
+            resp_finish_stream(r, in);
+        else if (r->kind == K_RESPONSE)
+            resp_finish_json(r, in);
+        else if (r->stream)
             finish_stream(r, in);
         else
             finish_json(r, in);
@@ -345,6 +596,18 @@ static void on_finish(void *ud, kvr_sim_seq *seq)
 static const kvr_sim_seq_cbs seq_cbs = {on_token, on_finish};
 
 /* ---- admission ---- */
+
+static void start_sse(sim_req *r)
+{
+    kvr_http_header h[3] = {
+        {"Content-Type", 12, "text/event-stream; charset=utf-8", 32},
+        {"Cache-Control", 13, "no-cache", 8},
+        {"x-request-id", 12, r->xrid ? r->xrid : "", r->xrid ? strlen(r->xrid) : 0},
+    };
+    kvr_http_resp_start(r->http, 200, h, r->xrid ? 3 : 2, -1);
+    if (r->kind == K_RESPONSE)
+        resp_stream_start(r);
+}
 
 static void admit(sim_req *r)
 {
@@ -358,12 +621,11 @@ static void admit(sim_req *r)
         return;
     }
     if (r->stream) {
-        kvr_http_header h[3] = {
-            {"Content-Type", 12, "text/event-stream; charset=utf-8", 32},
-            {"Cache-Control", 13, "no-cache", 8},
-            {"x-request-id", 12, r->xrid ? r->xrid : "", r->xrid ? strlen(r->xrid) : 0},
-        };
-        kvr_http_resp_start(r->http, 200, h, r->xrid ? 3 : 2, -1);
+        start_sse(r);
+        if (!r->http) { /* a drop fault hit the first events */
+            maybe_free(r);
+            return;
+        }
     } else if (f->drop_after_events == 0) {
         drop(r); /* no response at all */
         maybe_free(r);
@@ -394,6 +656,27 @@ static void on_delay(uv_timer_t *t)
     admit(r);
 }
 
+/* The failure draw, the client's callbacks, then the --delay-ms timer or admission. */
+static void start_req(sim_req *r)
+{
+    kvr_sim_api *api = r->api;
+    r->fail = kvr_sim_faults_should_fail(api->faults);
+    kvr_http_req_cbs cbs = {NULL, on_client_gone};
+    kvr_http_req_set_cbs(r->http, &cbs, r);
+    if (api->faults->delay_ms > 0) {
+        uv_timer_init(api->loop, &r->timer);
+        r->timer.data = r;
+        r->timer_open = 1;
+        r->delayed = 1;
+        api->ndelayed++;
+        uv_timer_start(&r->timer, on_delay, api->faults->delay_ms, 0);
+    } else {
+        admit(r);
+    }
+}
+
+/* ---- request fields ---- */
+
 /* Reads an optional positive integer field: 1 = set, 0 = absent/null, -1 = invalid. */
 static int get_count(const json_t *o, const char *k, size_t *out)
 {
@@ -404,6 +687,15 @@ static int get_count(const json_t *o, const char *k, size_t *out)
         return -1;
     *out = (size_t)json_integer_value(v);
     return 1;
+}
+
+/* Reads an optional boolean: its value, `dflt` when absent or null, -1 for another type. */
+static int get_bool(const json_t *o, const char *k, int dflt)
+{
+    const json_t *v = json_object_get(o, k);
+    if (!v || json_is_null(v))
+        return dflt;
+    return json_is_boolean(v) ? json_is_true(v) : -1;
 }
 
 static json_t *parse_body(kvr_http_req *req)
@@ -433,203 +725,560 @@ static int check_model(kvr_sim_api *api, kvr_http_req *req, const json_t *j)
     const json_t *m = json_object_get(j, "model");
     if (!m || json_is_null(m) || (json_is_string(m) && strcmp(json_string_value(m), api->model) == 0))
         return 0;
+    const char *name = json_is_string(m) ? json_string_value(m) : "(not a string)";
     char msg[512];
-    snprintf(msg, sizeof(msg), "The model `%.300s` does not exist.",
-             json_is_string(m) ? json_string_value(m) : "(not a string)");
+    snprintf(msg, sizeof(msg), "The model `%.*s` does not exist.", quote_len(name, 300), name);
     send_error_ex(req, 404, msg, "model", "model_not_found", NULL, 0);
     return -1;
 }
 
-static void completions(kvr_sim_api *api, kvr_http_req *req, int chat)
+/* The fields every generation endpoint reads: model, stream, n (not in Responses) and the
+ * output length, named max_completion_tokens/max_tokens (chat), max_tokens (completions) or
+ * max_output_tokens (responses). Returns 0, or -1 after sending the error. */
+static int read_gen_fields(kvr_sim_api *api, kvr_http_req *req, const json_t *j, int kind,
+                           int *stream, size_t *max_tokens)
 {
-    json_t *j = parse_body(req);
-    if (!j)
-        return;
     if (check_model(api, req, j) < 0)
-        goto out;
-    const json_t *stream = json_object_get(j, "stream");
-    if (stream && !json_is_boolean(stream) && !json_is_null(stream)) {
+        return -1;
+    *stream = get_bool(j, "stream", 0);
+    if (*stream < 0) {
         send_error(req, 400, "'stream' must be a boolean", "stream");
-        goto out;
+        return -1;
     }
-    size_t n = 1, max_tokens = api->cfg.default_max_tokens;
-    if (get_count(j, "n", &n) < 0 || n != 1) {
+    size_t n = 1;
+    if (kind != K_RESPONSE && (get_count(j, "n", &n) < 0 || n != 1)) {
         send_error(req, 400, "kvroute-sim supports only n = 1", "n");
-        goto out;
+        return -1;
     }
-    int got = chat ? get_count(j, "max_completion_tokens", &max_tokens) : 0;
+    *max_tokens = api->cfg.default_max_tokens;
+    const char *field = kind == K_RESPONSE ? "max_output_tokens" : "max_tokens";
+    int got = kind == K_CHAT ? get_count(j, "max_completion_tokens", max_tokens) : 0;
     if (got == 0)
-        got = get_count(j, "max_tokens", &max_tokens);
+        got = get_count(j, field, max_tokens);
     if (got < 0) {
-        send_error(req, 400, "max_tokens must be at least 1", "max_tokens");
-        goto out;
+        char msg[80];
+        snprintf(msg, sizeof(msg), "%s must be at least 1", field);
+        send_error(req, 400, msg, field);
+        return -1;
     }
-    kvr_sim_toks toks;
-    kvr_sim_toks_init(&toks, api->cfg.max_model_len);
-    const char *err = NULL, *param = NULL;
-    int rc;
-    if (chat) {
-        const json_t *agp = json_object_get(j, "add_generation_prompt");
-        rc = kvr_sim_render_chat(&toks, json_object_get(j, "messages"), json_object_get(j, "tools"),
-                                 agp ? json_is_true(agp) : 1, &err, &param);
-    } else {
-        rc = kvr_sim_render_completion(&toks, json_object_get(j, "prompt"), &err);
-        param = "prompt";
+    return 0;
+}
+
+/* The chat form's prompt, shared by /v1/chat/completions and /tokenize so that both give the
+ * ids the engine caches. add_special_tokens (default false) adds a BOS before the template's
+ * own, as vLLM does with Llama 3's template. */
+static int render_chat_req(const json_t *j, kvr_sim_toks *toks, const char **err,
+                           const char **param)
+{
+    int agp = get_bool(j, "add_generation_prompt", 1);
+    int ast = get_bool(j, "add_special_tokens", 0);
+    if (agp < 0 || ast < 0) {
+        *param = agp < 0 ? "add_generation_prompt" : "add_special_tokens";
+        *err = agp < 0 ? "'add_generation_prompt' must be a boolean"
+                       : "'add_special_tokens' must be a boolean";
+        return -1;
     }
-    if (rc < 0 || toks.oom) {
-        kvr_sim_toks_free(&toks);
-        if (rc < 0)
-            send_error(req, 400, err, param);
-        else
-            send_error(req, 503, "out of memory", NULL);
-        goto out;
-    }
-    size_t p = toks.total;
-    if (p + max_tokens > api->cfg.max_model_len) {
-        char msg[400];
+    if (ast)
+        kvr_sim_toks_push(toks, KVR_SIM_TOK_BOS);
+    return kvr_sim_render_chat(toks, json_object_get(j, "messages"), json_object_get(j, "tools"),
+                               agp, err, param);
+}
+
+/* 400 for a rendering error, 503 when memory ran out. Returns 0 when the prompt is fine. */
+static int render_status(kvr_http_req *req, int rc, const kvr_sim_toks *toks, const char *err,
+                         const char *param)
+{
+    if (rc < 0)
+        send_error(req, 400, err, param);
+    else if (toks->oom)
+        send_error(req, 503, "out of memory", NULL);
+    return rc < 0 || toks->oom ? -1 : 0;
+}
+
+/* The engine's limits for a prompt of `p` tokens plus `max_tokens`: vLLM's context-length
+ * 400, a request the pool can never hold, a full queue. Returns 0 or -1 (error sent). */
+static int check_limits(kvr_sim_api *api, kvr_http_req *req, size_t p, size_t max_tokens,
+                        const char *param)
+{
+    char msg[400];
+    if (p + max_tokens > api->cfg.max_model_len || p + max_tokens < p) {
         snprintf(msg, sizeof(msg),
                  "This model's maximum context length is %u tokens. However, you requested %zu "
                  "tokens (%zu in the messages, %zu in the completion). Please reduce the length "
                  "of the messages or completion.",
                  api->cfg.max_model_len, p + max_tokens, p, max_tokens);
-        kvr_sim_toks_free(&toks);
-        send_error(req, 400, msg, "messages");
-        goto out;
+        send_error(req, 400, msg, param);
+        return -1;
     }
     if (!kvr_sim_sched_fits(api->sched, p + max_tokens)) {
-        char msg[300];
         snprintf(msg, sizeof(msg),
                  "the request needs %zu tokens of KV cache but the cache holds only %zu "
                  "(--kv-blocks × --block-size)",
                  p + max_tokens,
                  (size_t)kvr_sim_kv_num_blocks(api->kv) * kvr_sim_kv_block_size(api->kv));
-        kvr_sim_toks_free(&toks);
         send_error(req, 400, msg, "max_tokens");
-        goto out;
+        return -1;
     }
     if (kvr_sim_sched_num_waiting(api->sched) + api->ndelayed >= api->cfg.max_waiting) {
-        kvr_sim_toks_free(&toks);
         kvr_http_header ra = {"Retry-After", 11, "1", 1};
         send_error_ex(req, 503, "too many requests waiting (--max-waiting)", NULL, NULL, &ra, 1);
-        goto out;
+        return -1;
     }
+    return 0;
+}
+
+/* ids: unique per process, reproducible with --seed (splitmix64 of a counter) */
+static void make_id(kvr_sim_api *api, const char *prefix, char *out, size_t cap)
+{
+    uint64_t z = api->cfg.seed + ++api->next_id * 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    snprintf(out, cap, "%s%016llx%08llx", prefix, (unsigned long long)z,
+             (unsigned long long)api->next_id);
+}
+
+/* A request holding the prompt taken from `toks` (with room for the output, as the engine
+ * wants). NULL after sending a 503. */
+static sim_req *new_req(kvr_sim_api *api, kvr_http_req *req, kvr_sim_toks *toks,
+                        size_t max_tokens, int kind, int stream)
+{
+    size_t p = toks->total;
     sim_req *r = calloc(1, sizeof(*r));
-    uint32_t *t = kvr_sim_toks_take(&toks);
+    uint32_t *t = kvr_sim_toks_take(toks);
     uint32_t *t2 = t ? realloc(t, (p + max_tokens) * sizeof(uint32_t)) : NULL;
     const char *xrid = kvr_http_req_header(req, "x-request-id");
     if (!r || !t2) {
         free(r);
         free(t2 ? t2 : t);
         send_error(req, 503, "out of memory", NULL);
-        goto out;
+        return NULL;
     }
     r->api = api;
     r->http = req;
     r->tokens = t2;
     r->ntok = p;
     r->max_tokens = max_tokens;
-    r->chat = chat;
-    r->stream = json_is_true(stream);
-    r->include_usage = json_is_true(json_object_get(json_object_get(j, "stream_options"),
-                                                    "include_usage"));
+    r->kind = kind;
+    r->stream = stream;
     r->xrid = xrid && *xrid ? strdup(xrid) : NULL;
     /* TTFT and e2e count from the complete request, like vLLM's arrival_time (a slow client
      * body upload is not the engine's latency) */
     r->arrival_ns = kvr_now_ns();
     r->created = kvr_unix_time();
     kvr_buf_init(&r->text, 0);
-    /* ids: unique per process, reproducible with --seed (splitmix64 of a counter) */
-    uint64_t z = api->cfg.seed + ++api->next_id * 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    snprintf(r->id, sizeof(r->id), "%s%016llx%08llx", chat ? "chatcmpl-" : "cmpl-",
-             (unsigned long long)z, (unsigned long long)api->next_id);
-    r->fail = kvr_sim_faults_should_fail(api->faults);
-    kvr_http_req_cbs cbs = {NULL, on_client_gone};
-    kvr_http_req_set_cbs(req, &cbs, r);
-    json_decref(j);
-    if (api->faults->delay_ms > 0) {
-        uv_timer_init(api->loop, &r->timer);
-        r->timer.data = r;
-        r->timer_open = 1;
-        r->delayed = 1;
-        api->ndelayed++;
-        uv_timer_start(&r->timer, on_delay, api->faults->delay_ms, 0);
-    } else {
-        admit(r);
+    if (kind != K_RESPONSE)
+        make_id(api, kind == K_CHAT ? "chatcmpl-" : "cmpl-", r->id, sizeof(r->id));
+    return r;
+}
+
+static void init_toks(kvr_sim_api *api, kvr_sim_toks *toks)
+{
+    kvr_sim_toks_init(toks, api->cfg.max_model_len);
+    toks->seen = api->pieces;
+}
+
+/* ---- /v1/chat/completions, /v1/completions ---- */
+
+static void completions(kvr_sim_api *api, kvr_http_req *req, int kind)
+{
+    json_t *j = parse_body(req);
+    if (!j)
+        return;
+    int stream;
+    size_t max_tokens;
+    kvr_sim_toks toks;
+    init_toks(api, &toks);
+    if (read_gen_fields(api, req, j, kind, &stream, &max_tokens) < 0)
+        goto out;
+    const char *err = NULL, *param = kind == K_CHAT ? NULL : "prompt";
+    int rc = kind == K_CHAT ? render_chat_req(j, &toks, &err, &param)
+                            : kvr_sim_render_completion(&toks, json_object_get(j, "prompt"), &err);
+    if (render_status(req, rc, &toks, err, param) < 0 ||
+        check_limits(api, req, toks.total, max_tokens, "messages") < 0)
+        goto out;
+    sim_req *r = new_req(api, req, &toks, max_tokens, kind, stream);
+    if (r) {
+        r->include_usage = json_is_true(
+            json_object_get(json_object_get(j, "stream_options"), "include_usage"));
+        start_req(r);
     }
-    return;
 out:
+    kvr_sim_toks_free(&toks);
     json_decref(j);
 }
 
-/* ---- other endpoints ---- */
+/* ---- /v1/responses ---- */
+
+/* A Responses content part as a chat part: text kinds become text parts, inputs of other
+ * media are kept as given (the template hashes them into a media token). NULL: unsupported. */
+static json_t *chat_part(const json_t *part)
+{
+    const char *type = json_string_value(json_object_get(part, "type"));
+    if (!type)
+        return NULL;
+    const char *key = NULL;
+    if (strcmp(type, "input_text") == 0 || strcmp(type, "output_text") == 0)
+        key = "text";
+    else if (strcmp(type, "refusal") == 0)
+        key = "refusal";
+    if (key) {
+        json_t *text = json_object_get(part, key);
+        return json_is_string(text) ? json_pack("{s:s,s:O}", "type", "text", "text", text) : NULL;
+    }
+    if (strcmp(type, "input_image") == 0 || strcmp(type, "input_file") == 0 ||
+        strcmp(type, "input_audio") == 0)
+        return json_incref((json_t *)part);
+    return NULL;
+}
+
+static json_t *chat_content(const json_t *c, const char **err)
+{
+    if (json_is_string(c))
+        return json_incref((json_t *)c);
+    if (!json_is_array(c)) {
+        *err = "message content must be a string or an array of content parts";
+        return NULL;
+    }
+    json_t *out = json_array();
+    size_t i;
+    const json_t *part;
+    json_array_foreach(c, i, part) {
+        json_t *p = chat_part(part);
+        if (!p || json_array_append_new(out, p) < 0) {
+            *err = "content parts must be input_text/output_text (with a string 'text'), "
+                   "refusal, input_image, input_file or input_audio";
+            json_decref(out);
+            return NULL;
+        }
+    }
+    return out;
+}
+
+static json_t *chat_message(const json_t *item, const char **err)
+{
+    const json_t *type = json_object_get(item, "type");
+    const json_t *role = json_object_get(item, "role");
+    if (!json_is_object(item) || (type && !(json_is_string(type) &&
+                                            strcmp(json_string_value(type), "message") == 0))) {
+        *err = "kvroute-sim supports only message input items ({role, content})";
+        return NULL;
+    }
+    if (!json_is_string(role)) {
+        *err = "each message item needs a string 'role'";
+        return NULL;
+    }
+    json_t *content = chat_content(json_object_get(item, "content"), err);
+    return content ? json_pack("{s:O,s:o}", "role", role, "content", content) : NULL;
+}
+
+/* `input` (a string or an array of message items) as chat messages; NULL with `*err`. */
+static json_t *input_messages(const json_t *input, const char **err)
+{
+    if (json_is_string(input))
+        return json_pack("[{s:s,s:O}]", "role", "user", "content", input);
+    if (!json_is_array(input)) {
+        *err = "'input' must be a string or an array of message items";
+        return NULL;
+    }
+    json_t *out = json_array();
+    size_t i;
+    const json_t *item;
+    json_array_foreach(input, i, item) {
+        json_t *m = chat_message(item, err);
+        if (!m || json_array_append_new(out, m) < 0) {
+            json_decref(out);
+            return NULL;
+        }
+    }
+    return out;
+}
+
+/* Reads instructions, previous_response_id and store. Returns NULL after sending a 400. */
+static resp_extra *resp_fields(kvr_http_req *req, const json_t *j)
+{
+    static const char *const keys[] = {"instructions", "previous_response_id"};
+    json_t *v[2];
+    for (size_t i = 0; i < 2; i++) {
+        v[i] = json_object_get(j, keys[i]);
+        if (json_is_null(v[i]))
+            v[i] = NULL;
+        if (v[i] && !json_is_string(v[i])) {
+            char msg[80];
+            snprintf(msg, sizeof(msg), "'%s' must be a string", keys[i]);
+            send_error(req, 400, msg, keys[i]);
+            return NULL;
+        }
+    }
+    int store = get_bool(j, "store", 1);
+    resp_extra *x = store < 0 ? NULL : calloc(1, sizeof(*x));
+    if (!x) {
+        send_error(req, store < 0 ? 400 : 503,
+                   store < 0 ? "'store' must be a boolean" : "out of memory", "store");
+        return NULL;
+    }
+    x->instructions = json_incref(v[0]);
+    x->prev = json_incref(v[1]);
+    x->store = store;
+    return x;
+}
+
+static void previous_not_found(kvr_http_req *req, const char *id)
+{
+    char msg[300];
+    snprintf(msg, sizeof(msg), "Previous response with id '%.*s' not found.", quote_len(id, 200),
+             id);
+    send_error_ex(req, 404, msg, "previous_response_id", "previous_response_not_found", NULL, 0);
+}
+
+/* The prompt: BOS and tools, the instructions as a system message, the previous response's
+ * conversation, the new input, the generation prompt. `*conv_start` is where the part to
+ * store begins. Returns 0, or -1 after sending the error. */
+static int resp_render(kvr_sim_api *api, kvr_http_req *req, const json_t *j,
+                       const resp_extra *x, kvr_sim_toks *toks, size_t *conv_start)
+{
+    const uint32_t *prev = NULL;
+    size_t nprev = 0;
+    if (x->prev && !(prev = kvr_sim_resp_store_get(api->responses, json_string_value(x->prev),
+                                                   &nprev))) {
+        previous_not_found(req, json_string_value(x->prev));
+        return -1;
+    }
+    const char *err = "'input' is required", *param = "input";
+    const json_t *input = json_object_get(j, "input");
+    json_t *msgs = input ? input_messages(input, &err) : NULL;
+    json_t *sys = x->instructions ? json_pack("[{s:s,s:O}]", "role", "system", "content",
+                                              x->instructions)
+                                  : json_array();
+    int rc = msgs && sys ? 0 : -1;
+    if (msgs && !sys)
+        err = "out of memory";
+    if (rc == 0)
+        rc = kvr_sim_render_chat_head(toks, json_object_get(j, "tools"), &err, &param);
+    if (rc == 0)
+        rc = kvr_sim_render_messages(toks, sys, &err, &param);
+    *conv_start = toks->total;
+    if (rc == 0 && nprev)
+        kvr_sim_toks_append(toks, prev, nprev);
+    if (rc == 0)
+        rc = kvr_sim_render_messages(toks, msgs, &err, &param);
+    if (rc == 0)
+        kvr_sim_render_gen_prompt(toks);
+    json_decref(msgs);
+    json_decref(sys);
+    if (param && strcmp(param, "tools") != 0)
+        param = "input";
+    return render_status(req, rc, toks, err, param);
+}
+
+/* Copies the conversation part of the prompt, with room for the output and <|eot_id|>. Only
+ * after check_limits(), which bounds the size. Returns 0 or -1 (503 sent). */
+static int resp_keep_conv(kvr_sim_api *api, kvr_http_req *req, resp_extra *x,
+                          const kvr_sim_toks *toks, size_t start, size_t max_tokens)
+{
+    if (!x->store || api->cfg.max_stored_responses == 0)
+        return 0;
+    size_t n = toks->len - start;
+    x->conv_cap = n + max_tokens + 1;
+    x->conv = malloc(x->conv_cap * sizeof(uint32_t));
+    if (!x->conv) {
+        send_error(req, 503, "out of memory", NULL);
+        return -1;
+    }
+    memcpy(x->conv, toks->ids + start, n * sizeof(uint32_t));
+    x->nconv = n;
+    return 0;
+}
+
+static void responses(kvr_sim_api *api, kvr_http_req *req)
+{
+    json_t *j = parse_body(req);
+    if (!j)
+        return;
+    int stream;
+    size_t max_tokens, start = 0;
+    resp_extra *x = NULL;
+    kvr_sim_toks toks;
+    init_toks(api, &toks);
+    if (read_gen_fields(api, req, j, K_RESPONSE, &stream, &max_tokens) < 0 ||
+        !(x = resp_fields(req, j)) || resp_render(api, req, j, x, &toks, &start) < 0 ||
+        check_limits(api, req, toks.total, max_tokens, "input") < 0 ||
+        resp_keep_conv(api, req, x, &toks, start, max_tokens) < 0)
+        goto out;
+    sim_req *r = new_req(api, req, &toks, max_tokens, K_RESPONSE, stream);
+    if (r) {
+        r->rx = x;
+        x = NULL;
+        r->rx->counter = kvr_sim_resp_store_next_id(api->responses, r->id);
+        make_id(api, "msg_", r->rx->msg_id, sizeof(r->rx->msg_id));
+        start_req(r);
+    }
+out:
+    free_rx(x);
+    kvr_sim_toks_free(&toks);
+    json_decref(j);
+}
+
+/* ---- /tokenize, /detokenize ---- */
+
+/* Renders either form of a tokenize request. Returns 0, or -1 after sending the error. vLLM
+ * does not check max_model_len here; the sim still caps what it stores (--max-model-len). */
+static int tokenize_render(kvr_sim_api *api, kvr_http_req *req, const json_t *j,
+                           kvr_sim_toks *toks)
+{
+    const char *err = NULL, *param = "prompt";
+    const json_t *prompt = json_object_get(j, "prompt");
+    int rc = 0;
+    if (json_object_get(j, "messages")) {
+        rc = render_chat_req(j, toks, &err, &param);
+    } else if (json_is_string(prompt)) {
+        int ast = get_bool(j, "add_special_tokens", 1);
+        if (ast < 0) {
+            rc = -1;
+            err = "'add_special_tokens' must be a boolean";
+            param = "add_special_tokens";
+        } else {
+            if (ast)
+                kvr_sim_toks_push(toks, KVR_SIM_TOK_BOS);
+            kvr_sim_tokenize(toks, json_string_value(prompt), json_string_length(prompt));
+        }
+    } else if (prompt) {
+        rc = kvr_sim_render_completion(toks, prompt, &err);
+    } else {
+        rc = -1;
+        err = "either 'prompt' or 'messages' is required";
+    }
+    if (render_status(req, rc, toks, err, param) < 0)
+        return -1;
+    if (toks->total > toks->len) {
+        char msg[200];
+        snprintf(msg, sizeof(msg), "the prompt has %zu tokens, more than max_model_len %u",
+                 toks->total, api->cfg.max_model_len);
+        send_error(req, 400, msg, param);
+        return -1;
+    }
+    return 0;
+}
+
+/* token_strs: each id's own text (tokenizer.h), as vLLM's convert_ids_to_tokens. */
+static int put_token_strs(kvr_sim_api *api, kvr_buf *b, const kvr_sim_toks *toks)
+{
+    kvr_buf one;
+    kvr_buf_init(&one, 0);
+    int rc = kvr_buf_puts(b, "[");
+    for (size_t i = 0; i < toks->len && !rc; i++) {
+        kvr_buf_reset(&one);
+        rc |= i ? kvr_buf_append(b, ",", 1) : 0;
+        rc |= kvr_sim_detokenize(api->pieces, toks->ids + i, 1, &one);
+        rc |= put_json_str(b, one.data ? one.data : "", one.len);
+    }
+    kvr_buf_free(&one);
+    return rc | kvr_buf_puts(b, "]");
+}
+
+static void reply_tokens(kvr_sim_api *api, kvr_http_req *req, const kvr_sim_toks *toks,
+                         int strs)
+{
+    kvr_buf *b = &api->scratch;
+    kvr_buf_reset(b);
+    int rc = kvr_buf_puts(b, "{\"count\":");
+    rc |= put_u64(b, toks->len);
+    rc |= kvr_buf_puts(b, ",\"max_model_len\":");
+    rc |= put_u64(b, api->cfg.max_model_len);
+    rc |= kvr_buf_puts(b, ",\"tokens\":[");
+    for (size_t i = 0; i < toks->len; i++) {
+        if (i)
+            rc |= kvr_buf_append(b, ",", 1);
+        rc |= put_u64(b, toks->ids[i]);
+    }
+    rc |= kvr_buf_puts(b, "],\"token_strs\":");
+    rc |= strs ? put_token_strs(api, b, toks) : kvr_buf_puts(b, "null");
+    if (rc == 0 && kvr_buf_puts(b, "}") == 0)
+        send_json(req, 200, b, NULL);
+    else
+        send_error(req, 503, "out of memory", NULL);
+}
 
 static void tokenize(kvr_sim_api *api, kvr_http_req *req)
 {
     json_t *j = parse_body(req);
     if (!j)
         return;
-    if (check_model(api, req, j) < 0) {
-        json_decref(j);
-        return;
-    }
     kvr_sim_toks toks;
-    kvr_sim_toks_init(&toks, api->cfg.max_model_len);
-    const char *err = NULL, *param = NULL;
-    int rc;
-    const json_t *messages = json_object_get(j, "messages");
-    const json_t *prompt = json_object_get(j, "prompt");
-    if (messages) {
-        const json_t *agp = json_object_get(j, "add_generation_prompt");
-        rc = kvr_sim_render_chat(&toks, messages, json_object_get(j, "tools"),
-                                 agp ? json_is_true(agp) : 1, &err, &param);
-    } else if (json_is_string(prompt)) {
-        const json_t *ast = json_object_get(j, "add_special_tokens");
-        if (!ast || json_is_true(ast))
-            kvr_sim_toks_push(&toks, KVR_SIM_TOK_BOS);
-        kvr_sim_tokenize(&toks, json_string_value(prompt), json_string_length(prompt));
-        rc = 0;
-    } else if (prompt) {
-        rc = kvr_sim_render_completion(&toks, prompt, &err);
-        param = "prompt";
-    } else {
-        rc = -1;
-        err = "either 'prompt' or 'messages' is required";
+    init_toks(api, &toks);
+    int strs = get_bool(j, "return_token_strs", 0);
+    if (check_model(api, req, j) == 0) {
+        if (strs < 0)
+            send_error(req, 400, "'return_token_strs' must be a boolean", "return_token_strs");
+        else if (tokenize_render(api, req, j, &toks) == 0)
+            reply_tokens(api, req, &toks, strs);
     }
-    json_decref(j);
-    if (rc < 0 || toks.oom || toks.total > toks.len) {
-        char msg[200];
-        int status = rc < 0 ? 400 : toks.oom ? 503 : 400;
-        if (rc == 0 && toks.oom)
-            snprintf(msg, sizeof(msg), "out of memory");
-        else if (rc == 0)
-            snprintf(msg, sizeof(msg), "the prompt has %zu tokens, more than max_model_len %u",
-                     toks.total, api->cfg.max_model_len);
-        kvr_sim_toks_free(&toks);
-        send_error(req, status, rc < 0 ? err : msg, param);
-        return;
-    }
-    kvr_buf *b = &api->scratch;
-    kvr_buf_reset(b);
-    kvr_buf_puts(b, "{\"count\":");
-    put_u64(b, toks.len);
-    kvr_buf_puts(b, ",\"max_model_len\":");
-    put_u64(b, api->cfg.max_model_len);
-    kvr_buf_puts(b, ",\"tokens\":[");
-    for (size_t i = 0; i < toks.len; i++) {
-        if (i)
-            kvr_buf_append(b, ",", 1);
-        put_u64(b, toks.ids[i]);
-    }
-    int ok = kvr_buf_puts(b, "],\"token_strs\":null}") == 0;
     kvr_sim_toks_free(&toks);
-    if (ok)
+    json_decref(j);
+}
+
+/* `tokens` as ids. Returns the array (caller frees), or NULL with a message in `msg`. */
+static uint32_t *read_token_ids(const json_t *a, size_t *n, char *msg, size_t cap)
+{
+    if (!json_is_array(a)) {
+        snprintf(msg, cap, a ? "'tokens' must be an array of token ids" : "'tokens' is required");
+        return NULL;
+    }
+    *n = json_array_size(a);
+    uint32_t *ids = malloc((*n ? *n : 1) * sizeof(*ids));
+    if (!ids) {
+        snprintf(msg, cap, "out of memory");
+        return NULL;
+    }
+    for (size_t i = 0; i < *n; i++) {
+        const json_t *v = json_array_get(a, i);
+        json_int_t id = json_is_integer(v) ? json_integer_value(v) : -1;
+        if (id < 0 || id >= (json_int_t)KVR_SIM_VOCAB) {
+            if (json_is_integer(v))
+                snprintf(msg, cap, "token id %lld is out of vocabulary (size %u)", (long long)id,
+                         KVR_SIM_VOCAB);
+            else
+                snprintf(msg, cap, "token ids must be integers (item %zu is not)", i);
+            free(ids);
+            return NULL;
+        }
+        ids[i] = (uint32_t)id;
+    }
+    return ids;
+}
+
+static void detokenize(kvr_sim_api *api, kvr_http_req *req)
+{
+    json_t *j = parse_body(req);
+    if (!j)
+        return;
+    char msg[128];
+    size_t n = 0;
+    uint32_t *ids = NULL;
+    if (check_model(api, req, j) < 0)
+        goto out;
+    if (!(ids = read_token_ids(json_object_get(j, "tokens"), &n, msg, sizeof(msg)))) {
+        send_error(req, 400, msg, "tokens");
+        goto out;
+    }
+    kvr_buf text, *b = &api->scratch;
+    kvr_buf_init(&text, DETOK_CAP);
+    kvr_buf_reset(b);
+    int rc = kvr_sim_detokenize(api->pieces, ids, n, &text);
+    rc |= kvr_buf_puts(b, "{\"prompt\":");
+    rc |= put_json_str(b, text.data ? text.data : "", text.len);
+    rc |= kvr_buf_puts(b, "}");
+    kvr_buf_free(&text);
+    if (rc == 0)
         send_json(req, 200, b, NULL);
     else
-        send_error(req, 503, "out of memory", NULL);
+        send_error(req, 400, "the detokenized text is too long", "tokens");
+out:
+    free(ids);
+    json_decref(j);
 }
+
+/* ---- other endpoints ---- */
 
 static void models(kvr_sim_api *api, kvr_http_req *req)
 {
@@ -686,6 +1335,19 @@ static void reset_cache(kvr_sim_api *api, kvr_http_req *req)
     send_json(req, 200, b, NULL);
 }
 
+static void evict_cache(kvr_sim_api *api, kvr_http_req *req)
+{
+    size_t n = kvr_sim_kv_evict_free(api->kv);
+    if (api->events)
+        kvr_sim_events_flush(api->events); /* the BlockRemoved go out at once */
+    kvr_buf *b = &api->scratch;
+    kvr_buf_reset(b);
+    kvr_buf_puts(b, "{\"evicted\":");
+    put_u64(b, n);
+    kvr_buf_puts(b, "}");
+    send_json(req, 200, b, NULL);
+}
+
 static void reply_json(kvr_http_req *req, int status, json_t *j)
 {
     char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
@@ -717,6 +1379,7 @@ static void faults(kvr_sim_api *api, kvr_http_req *req, int post)
 
 static void stats(kvr_sim_api *api, kvr_http_req *req)
 {
+    const kvr_sim_events *ev = api->events;
     json_t *j = json_pack(
         "{s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:f}", "model", api->model,
         "running", (json_int_t)kvr_sim_sched_num_running(api->sched), "waiting",
@@ -730,9 +1393,17 @@ static void stats(kvr_sim_api *api, kvr_http_req *req)
         (json_int_t)kvr_sim_sched_cache_hits(api->sched), "preemptions",
         (json_int_t)kvr_sim_sched_preemptions(api->sched), "steps",
         (json_int_t)kvr_sim_sched_steps(api->sched), "kv_events_next_seq",
-        (json_int_t)(api->events ? kvr_sim_events_next_seq(api->events) : 0),
-        "kv_events_dropped", (json_int_t)(api->events ? kvr_sim_events_dropped(api->events) : 0),
-        "model_us", kvr_sim_sched_model_us(api->sched));
+        (json_int_t)(ev ? kvr_sim_events_next_seq(ev) : 0), "kv_events_dropped",
+        (json_int_t)(ev ? kvr_sim_events_dropped(ev) : 0), "model_us",
+        kvr_sim_sched_model_us(api->sched));
+    json_object_set_new(j, "kv_event_batches_dropped",
+                        json_integer(ev ? (json_int_t)kvr_sim_events_batches_dropped(ev) : 0));
+    json_object_set_new(j, "kv_events_replays_ignored",
+                        json_integer(ev ? (json_int_t)kvr_sim_events_replays_ignored(ev) : 0));
+    json_object_set_new(j, "stored_responses",
+                        json_integer((json_int_t)kvr_sim_resp_store_count(api->responses)));
+    json_object_set_new(j, "detokenize_pieces",
+                        json_integer((json_int_t)kvr_sim_pieces_count(api->pieces)));
     reply_json(req, 200, j);
 }
 
@@ -754,42 +1425,62 @@ static int method_ok(kvr_http_req *req, methods m, int *is_post)
     return 0;
 }
 
+enum {
+    R_CHAT, R_COMPLETIONS, R_RESPONSES, R_TOKENIZE, R_DETOKENIZE, R_MODELS, R_HEALTH,
+    R_METRICS, R_RESET, R_EVICT, R_FAULTS, R_STATS
+};
+
+static const struct route {
+    const char *path;
+    methods m;
+    int id;
+} routes[] = {
+    {"/v1/chat/completions", POST_ONLY, R_CHAT},
+    {"/v1/completions", POST_ONLY, R_COMPLETIONS},
+    {"/v1/responses", POST_ONLY, R_RESPONSES},
+    {"/tokenize", POST_ONLY, R_TOKENIZE},
+    {"/detokenize", POST_ONLY, R_DETOKENIZE},
+    {"/v1/models", GET_ONLY, R_MODELS},
+    {"/health", GET_ONLY, R_HEALTH},
+    {"/metrics", GET_ONLY, R_METRICS},
+    {"/sim/reset_prefix_cache", POST_ONLY, R_RESET},
+    {"/reset_prefix_cache", POST_ONLY, R_RESET},
+    {"/sim/evict", POST_ONLY, R_EVICT},
+    {"/sim/faults", GET_POST, R_FAULTS},
+    {"/sim/stats", GET_ONLY, R_STATS},
+};
+
+static void serve(kvr_sim_api *api, kvr_http_req *req, int id, int post)
+{
+    switch (id) {
+    case R_CHAT: completions(api, req, K_CHAT); break;
+    case R_COMPLETIONS: completions(api, req, K_COMPLETION); break;
+    case R_RESPONSES: responses(api, req); break;
+    case R_TOKENIZE: tokenize(api, req); break;
+    case R_DETOKENIZE: detokenize(api, req); break;
+    case R_MODELS: models(api, req); break;
+    case R_HEALTH: health(api, req); break;
+    case R_METRICS: metrics(api, req); break;
+    case R_RESET: reset_cache(api, req); break;
+    case R_EVICT: evict_cache(api, req); break;
+    case R_FAULTS: faults(api, req, post); break;
+    default: stats(api, req); break;
+    }
+}
+
 void kvr_sim_api_handle(kvr_http_req *req, void *ud)
 {
     kvr_sim_api *api = ud;
     const char *path = kvr_http_req_path(req);
-    int post;
-    if (strcmp(path, "/v1/chat/completions") == 0) {
-        if (method_ok(req, POST_ONLY, &post))
-            completions(api, req, 1);
-    } else if (strcmp(path, "/v1/completions") == 0) {
-        if (method_ok(req, POST_ONLY, &post))
-            completions(api, req, 0);
-    } else if (strcmp(path, "/tokenize") == 0) {
-        if (method_ok(req, POST_ONLY, &post))
-            tokenize(api, req);
-    } else if (strcmp(path, "/v1/models") == 0) {
-        if (method_ok(req, GET_ONLY, &post))
-            models(api, req);
-    } else if (strcmp(path, "/health") == 0) {
-        if (method_ok(req, GET_ONLY, &post))
-            health(api, req);
-    } else if (strcmp(path, "/metrics") == 0) {
-        if (method_ok(req, GET_ONLY, &post))
-            metrics(api, req);
-    } else if (strcmp(path, "/sim/reset_prefix_cache") == 0 ||
-               strcmp(path, "/reset_prefix_cache") == 0) {
-        if (method_ok(req, POST_ONLY, &post))
-            reset_cache(api, req);
-    } else if (strcmp(path, "/sim/faults") == 0) {
-        if (method_ok(req, GET_POST, &post))
-            faults(api, req, post);
-    } else if (strcmp(path, "/sim/stats") == 0) {
-        if (method_ok(req, GET_ONLY, &post))
-            stats(api, req);
-    } else {
-        send_error(req, 404, "not found", NULL);
+    for (size_t i = 0; i < sizeof(routes) / sizeof(*routes); i++) {
+        int post;
+        if (strcmp(path, routes[i].path) != 0)
+            continue;
+        if (method_ok(req, routes[i].m, &post))
+            serve(api, req, routes[i].id, post);
+        return;
     }
+    send_error(req, 404, "not found", NULL);
 }
 
 kvr_sim_api *kvr_sim_api_new(uv_loop_t *loop, const kvr_sim_api_cfg *cfg, kvr_sim_sched *sched,
@@ -800,8 +1491,10 @@ kvr_sim_api *kvr_sim_api_new(uv_loop_t *loop, const kvr_sim_api_cfg *cfg, kvr_si
     if (!api)
         return NULL;
     api->model = strdup(cfg->model);
-    if (!api->model) {
-        free(api);
+    api->pieces = kvr_sim_pieces_new(cfg->detokenize_cache_entries);
+    api->responses = kvr_sim_resp_store_new(cfg->max_stored_responses, cfg->seed);
+    if (!api->model || !api->responses || (cfg->detokenize_cache_entries && !api->pieces)) {
+        kvr_sim_api_free(api);
         return NULL;
     }
     api->loop = loop;
@@ -822,6 +1515,8 @@ void kvr_sim_api_free(kvr_sim_api *api)
     if (!api)
         return;
     kvr_buf_free(&api->scratch);
+    kvr_sim_pieces_free(api->pieces);
+    kvr_sim_resp_store_free(api->responses);
     free(api->model);
     free(api);
 }

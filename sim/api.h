@@ -4,17 +4,25 @@
  *        prompt_tokens, completion_tokens, total_tokens, prompt_tokens_details.cached_tokens
  *        (vLLM shows the details only with --enable-prompt-tokens-details; the sim always does);
  *        streams end with a usage chunk when stream_options.include_usage, then [DONE].
- *   POST /tokenize        {prompt | messages[, tools, add_generation_prompt]} →
- *                         {count, max_model_len, tokens, token_strs:null}
+ *   POST /v1/responses     OpenAI Responses API: input (string or message items),
+ *        instructions, max_output_tokens, previous_response_id, store; JSON or SSE events
+ *        (response.created … response.completed); rendered through the chat template, stored
+ *        conversations in respstore.h
+ *   POST /tokenize        {prompt[, add_special_tokens=true]} or {messages[, tools,
+ *                         add_generation_prompt=true, add_special_tokens=false]}, optional
+ *                         return_token_strs → {count, max_model_len, tokens, token_strs}
+ *   POST /detokenize      {tokens} → {prompt} (tokenizer.h: kvr_sim_detokenize)
  *   GET  /v1/models, /health (--health-status), /metrics (vmetrics.h)
  *   POST /sim/reset_prefix_cache (also vLLM's /reset_prefix_cache): AllBlocksCleared, or 409
  *        while blocks are in use (vLLM refuses then)
+ *   POST /sim/evict: evicts every free cached block now (one BlockRemoved each) → {evicted}
  *   GET|POST /sim/faults (faults.h), GET /sim/stats (engine counters as JSON)
  *
  * Errors use the OpenAI shape (util/oai_error.h): 400 bad JSON/fields/too long, 404 unknown
- * model or path, 405 wrong method, 409 reset refused, 503 queue full, and injected failures.
- * Streams send their headers when the request is admitted (after --delay-ms), like vLLM's
- * StreamingResponse; a client that leaves aborts its sequence and frees its blocks. */
+ * model, path or previous_response_id, 405 wrong method, 409 reset refused, 503 queue full,
+ * and injected failures. Streams send their headers when the request is admitted (after
+ * --delay-ms), like vLLM's StreamingResponse; a client that leaves aborts its sequence and
+ * frees its blocks. */
 #ifndef KVR_SIM_API_H
 #define KVR_SIM_API_H
 #include <stddef.h>
@@ -35,6 +43,8 @@ typedef struct kvr_sim_api_cfg {
     uint32_t default_max_tokens; /**< when the request sets none (16, like legacy OpenAI) */
     size_t max_waiting;          /**< requests waiting or delayed before new ones get 503 */
     uint64_t seed;               /**< response ids */
+    size_t detokenize_cache_entries; /**< pieces remembered for /detokenize (0 = none) */
+    size_t max_stored_responses;     /**< /v1/responses kept for previous_response_id */
 } kvr_sim_api_cfg;
 
 typedef struct kvr_sim_api kvr_sim_api;

@@ -13,6 +13,8 @@ void kvr_sim_faults_default(kvr_sim_faults *f)
     f->stall_after_events = -1;
     f->drop_after_events = -1;
     f->health_status = 200;
+    f->drop_event_batches = 0;
+    f->replay_silent = 0;
 }
 
 int kvr_sim_faults_should_fail(const kvr_sim_faults *f)
@@ -71,18 +73,30 @@ int kvr_sim_faults_update(kvr_sim_faults *f, const json_t *obj, const char **err
         goto bad;
     if (p)
         n.health_status = (int)d;
+    if (get_num(obj, "drop_event_batches", 0, 1e9, &d, &p) < 0 || (p && d != floor(d)))
+        goto bad;
+    if (p)
+        n.drop_event_batches = (long)d;
+    const json_t *rs = json_object_get(obj, "replay_silent");
+    if (rs && !json_is_boolean(rs))
+        goto bad;
+    if (rs)
+        n.replay_silent = json_is_true(rs);
     *f = n;
     return 0;
 bad:
     *err = "fault fields: fail_rate in [0,1], fail_status and health_status in [100,599], "
-           "delay_ms >= 0, stall_after_events and drop_after_events >= -1";
+           "delay_ms >= 0, stall_after_events and drop_after_events >= -1, "
+           "drop_event_batches an integer >= 0, replay_silent a boolean";
     return -1;
 }
 
 json_t *kvr_sim_faults_json(const kvr_sim_faults *f)
 {
-    return json_pack("{s:f,s:i,s:I,s:I,s:I,s:i}", "fail_rate", f->fail_rate, "fail_status",
-                     f->fail_status, "delay_ms", (json_int_t)f->delay_ms, "stall_after_events",
-                     (json_int_t)f->stall_after_events, "drop_after_events",
-                     (json_int_t)f->drop_after_events, "health_status", f->health_status);
+    return json_pack("{s:f,s:i,s:I,s:I,s:I,s:i,s:I,s:b}", "fail_rate", f->fail_rate,
+                     "fail_status", f->fail_status, "delay_ms", (json_int_t)f->delay_ms,
+                     "stall_after_events", (json_int_t)f->stall_after_events,
+                     "drop_after_events", (json_int_t)f->drop_after_events, "health_status",
+                     f->health_status, "drop_event_batches", (json_int_t)f->drop_event_batches,
+                     "replay_silent", f->replay_silent);
 }

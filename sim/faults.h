@@ -20,9 +20,15 @@ typedef struct kvr_sim_faults {
                                    the terminating chunk; non-streaming: 0 means close before
                                    any byte */
     int health_status;        /**< status of GET /health (200) */
+    long drop_event_batches;  /**< the next N KV-event batches are not sent on the PUB socket
+                                   but still take their sequence number and go into the
+                                   replay buffer (a subscriber sees a gap it can replay);
+                                   counts down as batches are withheld (0) */
+    int replay_silent;        /**< the replay ROUTER reads and ignores every request (0) */
 } kvr_sim_faults;
 
-/** Defaults: no faults, fail_status 500, health 200. */
+/** Defaults: no faults, fail_status 500, health 200. The KV-event faults are read by the
+ *  publisher (kvevents.h) through the same struct. */
 void kvr_sim_faults_default(kvr_sim_faults *f);
 /** Draws whether the next completion request fails (one draw per request, in arrival order).*/
 int kvr_sim_faults_should_fail(const kvr_sim_faults *f);

@@ -231,6 +231,15 @@ static void uncache(kvr_sim_kv *kv, uint32_t x)
     kv->ncached--;
 }
 
+static void evict(kvr_sim_kv *kv, uint32_t x)
+{
+    uint64_t h = kv->b[x].hash;
+    uncache(kv, x);
+    kv->evictions++;
+    if (kv->sink.removed)
+        kv->sink.removed(kv->sink.ud, h);
+}
+
 int kvr_sim_kv_alloc(kvr_sim_kv *kv, size_t n, uint32_t *out)
 {
     if (n > kv->nfree)
@@ -239,13 +248,8 @@ int kvr_sim_kv_alloc(kvr_sim_kv *kv, size_t n, uint32_t *out)
         uint32_t x = kv->b[kv->n].next;
         queue_remove(kv, x);
         blk *b = &kv->b[x];
-        if (b->cached) {
-            uint64_t h = b->hash;
-            uncache(kv, x);
-            kv->evictions++;
-            if (kv->sink.removed)
-                kv->sink.removed(kv->sink.ud, h);
-        }
+        if (b->cached)
+            evict(kv, x);
         b->ref = 1;
         kv->nused++;
         out[i] = x;
@@ -290,6 +294,17 @@ void kvr_sim_kv_release(kvr_sim_kv *kv, const uint32_t *blocks, size_t n)
             queue_push_tail(kv, blocks[k]);
         }
     }
+}
+
+size_t kvr_sim_kv_evict_free(kvr_sim_kv *kv)
+{
+    size_t n = 0;
+    for (uint32_t x = kv->b[kv->n].next; x != kv->n; x = kv->b[x].next)
+        if (kv->b[x].cached) {
+            evict(kv, x);
+            n++;
+        }
+    return n;
 }
 
 int kvr_sim_kv_reset(kvr_sim_kv *kv)

@@ -59,7 +59,7 @@ uint32_t kvr_sim_kv_num_used(const kvr_sim_kv *kv);
 uint32_t kvr_sim_kv_num_cached(const kvr_sim_kv *kv);
 /** vllm:kv_cache_usage_perc: used / total, in [0, 1]. */
 double kvr_sim_kv_usage(const kvr_sim_kv *kv);
-/** Blocks evicted (hash dropped on reuse) since creation. */
+/** Blocks evicted (hash dropped on reuse, or by kvr_sim_kv_evict_free) since creation. */
 uint64_t kvr_sim_kv_evictions(const kvr_sim_kv *kv);
 
 /** Hash of a block of `block_size` tokens whose prefix hash is `parent`; use
@@ -87,6 +87,12 @@ void kvr_sim_kv_cache(kvr_sim_kv *kv, const uint32_t *blocks, const uint64_t *ha
 /** Drops one reference from each of `n` blocks, last block first; blocks reaching 0 go to the
  *  tail of the free queue in that order (their hashes stay cached). */
 void kvr_sim_kv_release(kvr_sim_kv *kv, const uint32_t *blocks, size_t n);
+/** Evicts every free (ref 0) cached block now, in free-queue order (least recently freed
+ *  first), reporting one `removed` per block exactly as reuse would, and counts them as
+ *  evictions. Blocks held by sequences keep their hashes, so unlike kvr_sim_kv_reset() this
+ *  works while requests run. The blocks stay where they are in the free queue. Returns the
+ *  number evicted. (No vLLM counterpart: it models memory pressure on demand.) */
+size_t kvr_sim_kv_evict_free(kvr_sim_kv *kv);
 /** vLLM's reset_prefix_cache(): drops every hash and reports `cleared`. Refused (returns -1,
  *  nothing changes) while any block is in use, as vLLM refuses. Returns 0 on success. */
 int kvr_sim_kv_reset(kvr_sim_kv *kv);

@@ -160,6 +160,8 @@ struct kvr_sim_events {
     kvr_buf payload;
     uint64_t seq;
     uint64_t dropped;
+    kvr_sim_faults *faults;
+    uint64_t batches_dropped, replays_ignored;
     /* replay ring */
     stored_batch *ring;
     size_t ring_cap, ring_head, ring_len, ring_bytes, ring_max_bytes;
@@ -223,50 +225,70 @@ static void send_frames(void *sock, const void *const *parts, const size_t *lens
             return; /* ROUTER/PUB drop silently past HWM; nothing else to do */
 }
 
+/* Receives one whole request into part[] (up to 4 frames kept). Returns the number of frames
+ * kept, 0 when nothing is waiting, or -1 for a request of another shape (already freed). */
+static int recv_request(kvr_sim_events *ev, zmq_msg_t part[4])
+{
+    int nparts = 0, more = 1, bad = 0;
+    while (more) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, ev->router, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&m);
+            if (nparts == 0)
+                return 0;
+            bad = 1; /* a multipart message arrives whole; defensive */
+            break;
+        }
+        more = zmq_msg_more(&m);
+        if (nparts < 4) {
+            part[nparts++] = m;
+        } else {
+            zmq_msg_close(&m);
+            bad = 1;
+        }
+    }
+    if (!bad && nparts == 3 && zmq_msg_size(&part[1]) == 0 && zmq_msg_size(&part[2]) == 8)
+        return nparts;
+    KVR_WARN("msg=\"kv-events replay: ignored a malformed request\" frames=%d", nparts);
+    for (int i = 0; i < nparts; i++)
+        zmq_msg_close(&part[i]);
+    return -1;
+}
+
+static void answer_replay(kvr_sim_events *ev, const void *id, size_t idlen, uint64_t start)
+{
+    unsigned char seqb[8];
+    for (size_t k = 0; k < ev->ring_len; k++) {
+        const stored_batch *s = &ev->ring[(ev->ring_head + k) % ev->ring_cap];
+        if (s->seq < start)
+            continue;
+        put_be64(seqb, s->seq);
+        const void *parts[5] = {id, "", ev->topic, seqb, s->data};
+        size_t lens[5] = {idlen, 0, ev->topic_len, 8, s->len};
+        send_frames(ev->router, parts, lens, 5);
+    }
+    memset(seqb, 0xff, 8); /* END_SEQ = (-1).to_bytes(8, "big", signed=True) */
+    const void *parts[5] = {id, "", ev->topic, seqb, ""};
+    size_t lens[5] = {idlen, 0, ev->topic_len, 8, 0};
+    send_frames(ev->router, parts, lens, 5);
+}
+
 static void serve_replay(kvr_sim_events *ev)
 {
     for (;;) {
         zmq_msg_t part[4];
-        int nparts = 0, more = 1, bad = 0;
-        while (more) {
-            zmq_msg_t m;
-            zmq_msg_init(&m);
-            if (zmq_msg_recv(&m, ev->router, ZMQ_DONTWAIT) < 0) {
-                zmq_msg_close(&m);
-                if (nparts == 0)
-                    return; /* drained */
-                bad = 1;    /* a multipart message arrives whole; defensive */
-                break;
-            }
-            more = zmq_msg_more(&m);
-            if (nparts < 4)
-                part[nparts++] = m;
-            else {
-                zmq_msg_close(&m);
-                bad = 1;
-            }
-        }
-        if (!bad && nparts == 3 && zmq_msg_size(&part[1]) == 0 && zmq_msg_size(&part[2]) == 8) {
-            uint64_t start = get_be64(zmq_msg_data(&part[2]));
-            const void *id = zmq_msg_data(&part[0]);
-            size_t idlen = zmq_msg_size(&part[0]);
-            unsigned char seqb[8];
-            for (size_t k = 0; k < ev->ring_len; k++) {
-                const stored_batch *s = &ev->ring[(ev->ring_head + k) % ev->ring_cap];
-                if (s->seq < start)
-                    continue;
-                put_be64(seqb, s->seq);
-                const void *parts[5] = {id, "", ev->topic, seqb, s->data};
-                size_t lens[5] = {idlen, 0, ev->topic_len, 8, s->len};
-                send_frames(ev->router, parts, lens, 5);
-            }
-            memset(seqb, 0xff, 8); /* END_SEQ = (-1).to_bytes(8, "big", signed=True) */
-            const void *parts[5] = {id, "", ev->topic, seqb, ""};
-            size_t lens[5] = {idlen, 0, ev->topic_len, 8, 0};
-            send_frames(ev->router, parts, lens, 5);
-        } else {
-            KVR_WARN("msg=\"kv-events replay: ignored a malformed request\" frames=%d", nparts);
-        }
+        int nparts = recv_request(ev, part);
+        if (nparts == 0)
+            return; /* drained */
+        if (nparts < 0)
+            continue;
+        /* the request is still read, so the socket drains and the poll does not spin */
+        if (ev->faults && ev->faults->replay_silent)
+            ev->replays_ignored++;
+        else
+            answer_replay(ev, zmq_msg_data(&part[0]), zmq_msg_size(&part[0]),
+                          get_be64(zmq_msg_data(&part[2])));
         for (int i = 0; i < nparts; i++)
             zmq_msg_close(&part[i]);
     }
@@ -305,6 +327,7 @@ kvr_sim_events *kvr_sim_events_new(uv_loop_t *loop, const kvr_sim_events_cfg *cf
     ev->topic = strdup(topic);
     ev->topic_len = strlen(topic);
     ev->dp_rank = cfg->dp_rank;
+    ev->faults = cfg->faults;
     kvr_sim_evbatch_init(&ev->batch, cfg->map_format, cfg->max_batch_bytes);
     kvr_buf_init(&ev->payload, 0);
     ev->ring_cap = cfg->buffer_steps;
@@ -376,6 +399,16 @@ uint64_t kvr_sim_events_dropped(const kvr_sim_events *ev)
     return ev->dropped;
 }
 
+uint64_t kvr_sim_events_batches_dropped(const kvr_sim_events *ev)
+{
+    return ev->batches_dropped;
+}
+
+uint64_t kvr_sim_events_replays_ignored(const kvr_sim_events *ev)
+{
+    return ev->replays_ignored;
+}
+
 static void sink_stored(void *ud, const uint64_t *hashes, size_t n, int has_parent,
                         uint64_t parent, const uint32_t *tokens, size_t ntokens,
                         uint32_t block_size)
@@ -425,7 +458,12 @@ void kvr_sim_events_flush(kvr_sim_events *ev)
     put_be64(seqb, ev->seq);
     const void *parts[3] = {ev->topic, seqb, ev->payload.data};
     size_t lens[3] = {ev->topic_len, 8, ev->payload.len};
-    send_frames(ev->pub, parts, lens, 3);
+    if (ev->faults && ev->faults->drop_event_batches > 0) {
+        ev->faults->drop_event_batches--;
+        ev->batches_dropped++;
+    } else {
+        send_frames(ev->pub, parts, lens, 3);
+    }
     ring_push(ev, ev->seq, ev->payload.data, ev->payload.len);
     ev->seq++;
 }

@@ -28,6 +28,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "faults.h"
 #include "kvcache.h"
 #include "util/buf.h"
 
@@ -74,6 +75,8 @@ typedef struct kvr_sim_events_cfg {
     size_t max_batch_bytes;      /**< cap on one batch's encoded events (events past it are
                                       dropped and counted) */
     int dp_rank;                 /**< data_parallel_rank field (0) */
+    kvr_sim_faults *faults;      /**< not owned, may be NULL: drop_event_batches (counted down
+                                      here) and replay_silent are read at each batch/request */
 } kvr_sim_events_cfg;
 
 typedef struct kvr_sim_events kvr_sim_events;
@@ -88,12 +91,17 @@ kvr_sim_evbatch *kvr_sim_events_batch(kvr_sim_events *ev);
  *  do not fit max_batch_bytes are dropped and counted). */
 void kvr_sim_events_sink(kvr_sim_events *ev, kvr_sim_kv_sink *sink);
 /** Publishes the current batch, if it holds any event, as the next sequence number and keeps
- *  it for replay. Called once per engine step (vLLM publishes one batch per step). */
+ *  it for replay. Called once per engine step (vLLM publishes one batch per step). Under the
+ *  drop_event_batches fault the batch is numbered and kept but not sent. */
 void kvr_sim_events_flush(kvr_sim_events *ev);
 /** The sequence number the next batch will get (= batches published so far). */
 uint64_t kvr_sim_events_next_seq(const kvr_sim_events *ev);
 /** Events dropped because a batch exceeded max_batch_bytes, or a send failed. */
 uint64_t kvr_sim_events_dropped(const kvr_sim_events *ev);
+/** Batches withheld from the PUB socket by the drop_event_batches fault. */
+uint64_t kvr_sim_events_batches_dropped(const kvr_sim_events *ev);
+/** Replay requests ignored under the replay_silent fault. */
+uint64_t kvr_sim_events_replays_ignored(const kvr_sim_events *ev);
 /** Closes the sockets; `ev` is freed once the poll handle is closed (the loop must run). */
 void kvr_sim_events_close(kvr_sim_events *ev);
 

@@ -40,6 +40,8 @@ void kvr_sim_config_default(kvr_sim_config *c)
         .seed = 0,
         .max_waiting = 10000,
         .max_body_bytes = 32u << 20,
+        .detokenize_cache_entries = 65536,
+        .max_stored_responses = 10000,
     };
     kvr_sim_faults_default(&c->faults);
 }
@@ -106,6 +108,7 @@ int kvr_sim_run(const kvr_sim_config *c)
             .buffer_steps = c->kv_events_buffer_steps,
             .buffer_bytes = c->kv_events_buffer_bytes,
             .max_batch_bytes = c->kv_events_max_batch_bytes,
+            .faults = &s.faults,
         };
         char err[300];
         s.events = kvr_sim_events_new(&s.loop, &ec, err, sizeof(err));
@@ -137,7 +140,9 @@ int kvr_sim_run(const kvr_sim_config *c)
                           .max_model_len = c->max_model_len,
                           .default_max_tokens = c->default_max_tokens,
                           .max_waiting = c->max_waiting,
-                          .seed = c->seed};
+                          .seed = c->seed,
+                          .detokenize_cache_entries = c->detokenize_cache_entries,
+                          .max_stored_responses = c->max_stored_responses};
     s.api = s.vm ? kvr_sim_api_new(&s.loop, &ac, s.sched, s.kv, s.events, &s.faults, s.reg, s.vm)
                  : NULL;
     if (!s.api) {

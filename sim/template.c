@@ -118,54 +118,83 @@ static int tool_calls(kvr_sim_toks *out, const json_t *calls, const char **err,
     return 0;
 }
 
+int kvr_sim_render_chat_head(kvr_sim_toks *out, const json_t *tools, const char **err,
+                             const char **param)
+{
+    if (tools && !json_is_null(tools) && !json_is_array(tools))
+        FAIL("'tools' must be an array", "tools");
+    kvr_sim_toks_push(out, KVR_SIM_TOK_BOS);
+    if (json_array_size(tools) == 0)
+        return 0;
+    header(out, "system", 6, NULL, 0);
+    size_t i;
+    const json_t *tool;
+    json_array_foreach(tools, i, tool) {
+        if (!json_is_object(tool))
+            FAIL("each tool must be an object", "tools");
+        if (json_text(out, tool, 0) < 0)
+            FAIL("out of memory", NULL);
+        text(out, "\n", 1);
+    }
+    kvr_sim_toks_push(out, KVR_SIM_TOK_EOT);
+    return 0;
+}
+
+static int message(kvr_sim_toks *out, const json_t *m, const char **err, const char **param)
+{
+    if (!json_is_object(m))
+        FAIL("each message must be an object", "messages");
+    const json_t *role = json_object_get(m, "role");
+    if (!json_is_string(role))
+        FAIL("each message needs a string 'role'", "messages");
+    const json_t *name = json_object_get(m, "name");
+    if (name && !json_is_string(name))
+        name = NULL;
+    header(out, json_string_value(role), json_string_length(role),
+           name ? json_string_value(name) : NULL, name ? json_string_length(name) : 0);
+    if (content(out, json_object_get(m, "content"), err, param) < 0)
+        return -1;
+    if (tool_calls(out, json_object_get(m, "tool_calls"), err, param) < 0)
+        return -1;
+    const json_t *tcid = json_object_get(m, "tool_call_id");
+    if (json_is_string(tcid)) {
+        text(out, "\n[", 2);
+        text(out, json_string_value(tcid), json_string_length(tcid));
+        text(out, "]", 1);
+    }
+    kvr_sim_toks_push(out, KVR_SIM_TOK_EOT);
+    return 0;
+}
+
+int kvr_sim_render_messages(kvr_sim_toks *out, const json_t *messages, const char **err,
+                            const char **param)
+{
+    if (!json_is_array(messages))
+        FAIL("'messages' must be an array", "messages");
+    size_t i;
+    const json_t *m;
+    json_array_foreach(messages, i, m) {
+        if (message(out, m, err, param) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+void kvr_sim_render_gen_prompt(kvr_sim_toks *out)
+{
+    header(out, "assistant", 9, NULL, 0);
+}
+
 int kvr_sim_render_chat(kvr_sim_toks *out, const json_t *messages, const json_t *tools,
                         int add_generation_prompt, const char **err, const char **param)
 {
     if (!json_is_array(messages) || json_array_size(messages) == 0)
         FAIL("'messages' must be a non-empty array", "messages");
-    if (tools && !json_is_null(tools) && !json_is_array(tools))
-        FAIL("'tools' must be an array", "tools");
-    kvr_sim_toks_push(out, KVR_SIM_TOK_BOS);
-    if (json_array_size(tools) > 0) {
-        header(out, "system", 6, NULL, 0);
-        size_t i;
-        const json_t *tool;
-        json_array_foreach(tools, i, tool) {
-            if (!json_is_object(tool))
-                FAIL("each tool must be an object", "tools");
-            if (json_text(out, tool, 0) < 0)
-                FAIL("out of memory", NULL);
-            text(out, "\n", 1);
-        }
-        kvr_sim_toks_push(out, KVR_SIM_TOK_EOT);
-    }
-    size_t i;
-    const json_t *m;
-    json_array_foreach(messages, i, m) {
-        if (!json_is_object(m))
-            FAIL("each message must be an object", "messages");
-        const json_t *role = json_object_get(m, "role");
-        if (!json_is_string(role))
-            FAIL("each message needs a string 'role'", "messages");
-        const json_t *name = json_object_get(m, "name");
-        if (name && !json_is_string(name))
-            name = NULL;
-        header(out, json_string_value(role), json_string_length(role),
-               name ? json_string_value(name) : NULL, name ? json_string_length(name) : 0);
-        if (content(out, json_object_get(m, "content"), err, param) < 0)
-            return -1;
-        if (tool_calls(out, json_object_get(m, "tool_calls"), err, param) < 0)
-            return -1;
-        const json_t *tcid = json_object_get(m, "tool_call_id");
-        if (json_is_string(tcid)) {
-            text(out, "\n[", 2);
-            text(out, json_string_value(tcid), json_string_length(tcid));
-            text(out, "]", 1);
-        }
-        kvr_sim_toks_push(out, KVR_SIM_TOK_EOT);
-    }
+    if (kvr_sim_render_chat_head(out, tools, err, param) < 0 ||
+        kvr_sim_render_messages(out, messages, err, param) < 0)
+        return -1;
     if (add_generation_prompt)
-        header(out, "assistant", 9, NULL, 0);
+        kvr_sim_render_gen_prompt(out);
     return 0;
 }
 

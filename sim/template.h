@@ -28,6 +28,21 @@
 int kvr_sim_render_chat(kvr_sim_toks *out, const json_t *messages, const json_t *tools,
                         int add_generation_prompt, const char **err, const char **param);
 
+/* The same rendering in parts, for callers that splice stored ids in between (the Responses
+ * API's previous_response_id): head + messages + … + generation prompt gives exactly the ids
+ * kvr_sim_render_chat() gives for the concatenated messages. */
+
+/** Appends <|begin_of_text|> and, when `tools` is a non-empty array, its system block.
+ *  Returns 0 or -1 with `*err`/`*param` as above. */
+int kvr_sim_render_chat_head(kvr_sim_toks *out, const json_t *tools, const char **err,
+                             const char **param);
+/** Appends every message of the array `messages` (which may be empty). Returns 0 or -1. */
+int kvr_sim_render_messages(kvr_sim_toks *out, const json_t *messages, const char **err,
+                            const char **param);
+/** Appends the generation prompt: the assistant header, i.e. the head of the next assistant
+ *  message, whose content is then the generated ids followed by <|eot_id|>. */
+void kvr_sim_render_gen_prompt(kvr_sim_toks *out);
+
 /** Renders a completions `prompt`: a string (tokenized after <|begin_of_text|>, as vLLM adds
  *  special tokens to text prompts), an array of token ids (used as given, like vLLM), or a
  *  one-element array holding either. Several prompts per request are refused. Returns 0 or -1

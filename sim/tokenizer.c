@@ -2,6 +2,7 @@
  * pieces, hashed ids. */
 #include "tokenizer.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -89,7 +90,9 @@ void kvr_sim_toks_free(kvr_sim_toks *t)
 {
     free(t->ids);
     size_t max = t->max;
+    kvr_sim_pieces *seen = t->seen;
     kvr_sim_toks_init(t, max);
+    t->seen = seen;
 }
 
 uint32_t *kvr_sim_toks_take(kvr_sim_toks *t)
@@ -139,11 +142,94 @@ static inline uint64_t load(const char *p, size_t len, size_t avail)
     return load_slow((const unsigned char *)p, len);
 }
 
+/* ---- the map of pieces seen (declared in tokenizer.h's detokenizing section) ---- */
+
+#define WAYS 4
+
+typedef struct piece_ent {
+    uint64_t value; /* the piece's bytes, as load() reads them */
+    uint32_t id;
+    uint32_t len;   /* 0 = empty way */
+} piece_ent;
+
+struct kvr_sim_pieces {
+    piece_ent *e; /* nsets × WAYS; each set most recently recorded first */
+    size_t nsets, count;
+};
+
+kvr_sim_pieces *kvr_sim_pieces_new(size_t entries)
+{
+    if (entries == 0)
+        return NULL;
+    kvr_sim_pieces *m = calloc(1, sizeof(*m));
+    if (m) {
+        m->nsets = entries < WAYS ? 1 : entries / WAYS;
+        m->e = calloc(m->nsets * WAYS, sizeof(piece_ent));
+    }
+    if (!m || !m->e) {
+        free(m);
+        return NULL;
+    }
+    return m;
+}
+
+void kvr_sim_pieces_free(kvr_sim_pieces *m)
+{
+    if (m)
+        free(m->e);
+    free(m);
+}
+
+size_t kvr_sim_pieces_count(const kvr_sim_pieces *m)
+{
+    return m ? m->count : 0;
+}
+
+static inline piece_ent *set_of(const kvr_sim_pieces *m, uint32_t id)
+{
+    /* ids of pieces are uniform below FIRST_SPECIAL, so scaling spreads them over the sets
+     * without a modulo (the division by a constant is a multiply) */
+    return m->e + ((uint64_t)id * m->nsets / KVR_SIM_TOK_FIRST_SPECIAL) * WAYS;
+}
+
+/* Runs once per piece on every prompt, so the common case (the piece was the last one recorded
+ * with this id) is one compare. A different piece with the same id replaces the older one: the
+ * hash cannot tell them apart, the latest is the likelier to be asked for. */
+static inline void record(kvr_sim_pieces *m, uint32_t id, uint64_t v, size_t len)
+{
+    piece_ent *w = set_of(m, id);
+    if (w[0].id == id && w[0].len == len && w[0].value == v)
+        return;
+    size_t k = 0;
+    while (k < WAYS && !(w[k].len && w[k].id == id))
+        k++;
+    if (k == WAYS) {
+        k = WAYS - 1;
+        m->count += w[k].len == 0;
+    }
+    memmove(w + 1, w, k * sizeof(*w));
+    w[0] = (piece_ent){v, id, (uint32_t)len};
+}
+
+static size_t pieces_get(const kvr_sim_pieces *m, uint32_t id, char *buf)
+{
+    const piece_ent *w = set_of(m, id);
+    for (size_t k = 0; k < WAYS; k++) {
+        if (!w[k].len || w[k].id != id)
+            continue;
+        for (uint32_t i = 0; i < w[k].len; i++)
+            buf[i] = (char)(w[k].value >> (8 * i));
+        return w[k].len;
+    }
+    return 0;
+}
+
 /* Ids are produced into a small local batch and appended in bulk. */
 typedef struct batch {
     uint32_t ids[256];
     size_t n;
     kvr_sim_toks *out;
+    kvr_sim_pieces *seen;
 } batch;
 
 static inline void flush(batch *b)
@@ -159,7 +245,11 @@ static inline void emit_run(batch *b, const char *p, size_t n, size_t k, size_t 
         size_t m = n < k ? n : k;
         if (b->n == sizeof(b->ids) / sizeof(*b->ids))
             flush(b);
-        b->ids[b->n++] = id_of(load(p, m, avail), m);
+        uint64_t v = load(p, m, avail);
+        uint32_t id = id_of(v, m);
+        b->ids[b->n++] = id;
+        if (b->seen)
+            record(b->seen, id, v, m);
         p += m;
         n -= m;
         avail -= m;
@@ -173,6 +263,7 @@ void kvr_sim_tokenize(kvr_sim_toks *out, const char *text, size_t len)
     batch bt;
     bt.n = 0;
     bt.out = out;
+    bt.seen = out->seen;
     const unsigned char *s = (const unsigned char *)text;
     size_t i = 0;
     while (i < len) {
@@ -233,6 +324,7 @@ typedef struct gen_piece {
     uint32_t id;
 } gen_piece;
 static gen_piece gen_first[64], gen_next[64], gen_dot;
+static const gen_piece *gen_by_id[256]; /* open addressing on the id's low byte */
 static int gen_ready;
 
 static void set_piece(gen_piece *g, const char *s)
@@ -241,6 +333,14 @@ static void set_piece(gen_piece *g, const char *s)
     memcpy(g->text, s, g->len);
     g->text[g->len] = '\0';
     g->id = kvr_sim_piece_id(g->text, g->len);
+}
+
+static void index_piece(const gen_piece *g)
+{
+    size_t i = g->id & 255;
+    while (gen_by_id[i])
+        i = (i + 1) & 255;
+    gen_by_id[i] = g;
 }
 
 static void init_gen(void)
@@ -256,7 +356,22 @@ static void init_gen(void)
         set_piece(&gen_next[w], buf);
     }
     set_piece(&gen_dot, ".");
+    for (int w = 0; w < 64; w++) {
+        index_piece(&gen_first[w]);
+        index_piece(&gen_next[w]);
+    }
+    index_piece(&gen_dot);
     gen_ready = 1;
+}
+
+static const gen_piece *gen_lookup(uint32_t id)
+{
+    if (!gen_ready)
+        init_gen();
+    for (size_t i = id & 255; gen_by_id[i]; i = (i + 1) & 255)
+        if (gen_by_id[i]->id == id)
+            return gen_by_id[i];
+    return NULL;
 }
 
 uint32_t kvr_sim_gen_token(uint64_t gen_seed, size_t i, const char **text, size_t *len)
@@ -279,4 +394,91 @@ uint32_t kvr_sim_gen_token(uint64_t gen_seed, size_t i, const char **text, size_
     if (len)
         *len = g->len;
     return g->id;
+}
+
+/* ---- detokenizing ---- */
+
+/* Llama 3.1's names for 128000..128010; the rest are <|reserved_special_token_N|>. */
+static const char *const special_names[] = {
+    "<|begin_of_text|>",  "<|end_of_text|>", "<|reserved_special_token_0|>",
+    "<|reserved_special_token_1|>", "<|finetune_right_pad_id|>", "<|reserved_special_token_2|>",
+    "<|start_header_id|>", "<|end_header_id|>", "<|eom_id|>", "<|eot_id|>", "<|python_tag|>",
+};
+
+#define TEXT_MAX 48
+
+static size_t id_text(const kvr_sim_pieces *m, uint32_t id, char buf[TEXT_MAX])
+{
+    uint32_t sp = id - KVR_SIM_TOK_FIRST_SPECIAL;
+    if (id >= KVR_SIM_TOK_FIRST_SPECIAL && sp < sizeof(special_names) / sizeof(*special_names))
+        return (size_t)snprintf(buf, TEXT_MAX, "%s", special_names[sp]);
+    if (id >= KVR_SIM_TOK_FIRST_SPECIAL)
+        return (size_t)snprintf(buf, TEXT_MAX, "<|reserved_special_token_%u|>", sp - 8);
+    const gen_piece *g = gen_lookup(id);
+    if (g) {
+        memcpy(buf, g->text, g->len);
+        return g->len;
+    }
+    size_t n = m ? pieces_get(m, id, buf) : 0;
+    return n ? n : (size_t)snprintf(buf, TEXT_MAX, "<|%u|>", id);
+}
+
+/* Bytes of the UTF-8 sequence at s[0..n): the whole sequence when valid (*ok = 1), else the
+ * maximal invalid subpart (>= 1 byte), which Python's decoder replaces by one U+FFFD. */
+static size_t utf8_seq(const unsigned char *s, size_t n, int *ok)
+{
+    unsigned char c = s[0], lo = 0x80, hi = 0xbf;
+    size_t need = 0;
+    *ok = c < 0x80;
+    if (c < 0x80)
+        return 1;
+    if (c >= 0xc2 && c <= 0xdf)
+        need = 1;
+    else if (c >= 0xe0 && c <= 0xef)
+        need = 2, lo = c == 0xe0 ? 0xa0 : 0x80, hi = c == 0xed ? 0x9f : 0xbf;
+    else if (c >= 0xf0 && c <= 0xf4)
+        need = 3, lo = c == 0xf0 ? 0x90 : 0x80, hi = c == 0xf4 ? 0x8f : 0xbf;
+    if (!need || n < 2 || s[1] < lo || s[1] > hi)
+        return 1;
+    size_t k = 2;
+    while (k <= need && k < n && (s[k] & 0xc0) == 0x80)
+        k++;
+    *ok = k == need + 1;
+    return k;
+}
+
+static int put_utf8_lossy(kvr_buf *out, const char *text, size_t n)
+{
+    const unsigned char *s = (const unsigned char *)text;
+    size_t i = 0, run = 0;
+    int rc = 0;
+    while (i < n) {
+        int ok;
+        size_t k = utf8_seq(s + i, n - i, &ok);
+        if (!ok) {
+            rc |= kvr_buf_append(out, text + run, i - run);
+            rc |= kvr_buf_append(out, "\xef\xbf\xbd", 3);
+            run = i + k;
+        }
+        i += k;
+    }
+    rc |= kvr_buf_append(out, text + run, n - run);
+    return rc ? -1 : 0;
+}
+
+int kvr_sim_detokenize(const kvr_sim_pieces *m, const uint32_t *ids, size_t n, kvr_buf *out)
+{
+    /* Pieces are cut at byte counts, so a character may span two of them: concatenate first,
+     * repair the UTF-8 once. */
+    kvr_buf raw;
+    kvr_buf_init(&raw, out->cap);
+    int rc = 0;
+    for (size_t i = 0; i < n && !rc; i++) {
+        char t[TEXT_MAX];
+        rc = kvr_buf_append(&raw, t, id_text(m, ids[i], t));
+    }
+    if (!rc)
+        rc = put_utf8_lossy(out, raw.data ? raw.data : "", raw.len);
+    kvr_buf_free(&raw);
+    return rc;
 }

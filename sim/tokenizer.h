@@ -12,6 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "util/buf.h"
+
 /** Vocabulary size (Llama 3's); ordinary pieces use ids below KVR_SIM_TOK_FIRST_SPECIAL. */
 #define KVR_SIM_VOCAB 128256u
 #define KVR_SIM_TOK_FIRST_SPECIAL 128000u
@@ -25,6 +27,8 @@
 #define KVR_SIM_TOK_PYTHON_TAG 128010u   /**< <|python_tag|> (starts a tool call) */
 #define KVR_SIM_TOK_MEDIA 128011u        /**< placeholder before a non-text content part */
 
+typedef struct kvr_sim_pieces kvr_sim_pieces;
+
 /** A growable token-id vector with a cap. Pushing past `max` stores nothing but still counts
  *  in `total`, so a too-long prompt is measured exactly (for vLLM's context-length error)
  *  without using memory beyond the cap. All-zero plus kvr_sim_toks_init() is valid. */
@@ -35,6 +39,8 @@ typedef struct kvr_sim_toks {
     size_t max;    /**< ids that may be stored (0 = unlimited) */
     size_t total;  /**< ids pushed, stored or not; total > len means the cap was hit */
     int oom;       /**< set when an allocation failed; ids are then incomplete */
+    kvr_sim_pieces *seen; /**< when set, tokenizing into this vector records every piece there
+                               (so /detokenize can print it); kept by _free and _take */
 } kvr_sim_toks;
 
 /** Initialises an empty vector that stores at most `max` ids (0 = unlimited). */
@@ -61,5 +67,26 @@ uint32_t kvr_sim_piece_id(const char *piece, size_t len);
  *  tokenizes back to exactly their ids: token 0 is a capitalised word without a leading space,
  *  then " word" pieces with a "." every 12th token. */
 uint32_t kvr_sim_gen_token(uint64_t gen_seed, size_t i, const char **text, size_t *len);
+
+/* ---- detokenizing ----
+ * A piece id is a hash of the piece's bytes, which cannot be inverted, so the pieces seen while
+ * tokenizing are remembered in a bounded map (4-way set-associative by id, least recently
+ * recorded dropped first). Generated tokens and special tokens need no map. */
+
+/** A map of at most `entries` (rounded down to a multiple of 4, at least 4) id → piece. NULL
+ *  when `entries` is 0 or on OOM (no recording, generated and special tokens still print). */
+kvr_sim_pieces *kvr_sim_pieces_new(size_t entries);
+/** Frees the map (NULL is fine). */
+void kvr_sim_pieces_free(kvr_sim_pieces *m);
+/** Entries the map holds (never more than its capacity). */
+size_t kvr_sim_pieces_count(const kvr_sim_pieces *m);
+
+/** Appends the text of `n` ids to `out`, as a tokenizer's decode() without skipping special
+ *  tokens: a generated token prints its text, an id recorded in `m` (may be NULL) its piece,
+ *  a special id its Llama 3.1 name (<|begin_of_text|>, <|reserved_special_token_3|>, …), any
+ *  other id "<|id|>". Byte sequences that are not UTF-8 (a piece may end inside a character
+ *  whose rest is unknown) become U+FFFD, as Python's decode(errors="replace"). Ids must be
+ *  below KVR_SIM_VOCAB. Returns 0, or -1 when `out` is full or memory ran out. */
+int kvr_sim_detokenize(const kvr_sim_pieces *m, const uint32_t *ids, size_t n, kvr_buf *out);
 
 #endif

@@ -16,7 +16,8 @@ import msgpack
 import pytest
 import zmq
 
-from conftest import SIM_MODEL as MODEL, free_port  # the sim and sim_factory fixtures: conftest.py
+from conftest import SIM_MODEL as MODEL  # the sim and sim_factory fixtures: conftest.py
+from conftest import assert_openai_error, free_port, parse_sse, wait_until
 
 
 def lines(response):
@@ -494,3 +495,414 @@ def test_drop_after_events(sim_factory):
     while s.stats()["running"] and time.monotonic() < deadline:
         time.sleep(0.02)
     assert s.stats()["kv_blocks_used"] == 0
+
+
+# ---- /tokenize, /detokenize ----
+
+def detok(sim, tokens, **kw):
+    r = sim.client.post("/detokenize", json={"tokens": tokens, **kw})
+    assert r.status_code == 200, r.text
+    return r.json()["prompt"]
+
+
+def test_detokenize_round_trip_and_placeholders(sim_factory):
+    s = sim_factory("--time-scale", "0")
+    msgs = [{"role": "user", "content": "Tell me about caches"}]
+    text = s.chat(msgs, max_tokens=40)["choices"][0]["message"]["content"]
+    ids = s.tokenize(prompt=text, add_special_tokens=False)
+    assert len(ids) == 40  # the generated text tokenizes back to the generated ids
+    assert detok(s, ids, model=MODEL) == text
+    # a prompt's pieces were seen while tokenizing; specials print by their Llama 3.1 names
+    assert detok(s, s.tokenize(messages=msgs)) == (
+        "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nTell me about caches"
+        "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")
+    assert detok(s, [128001, 128004, 128008, 128010, 128011, 128255]) == (
+        "<|end_of_text|><|finetune_right_pad_id|><|eom_id|><|python_tag|>"
+        "<|reserved_special_token_3|><|reserved_special_token_247|>")
+    assert detok(s, []) == ""
+    # a piece cut inside a character: alone it ends in U+FFFD, with its successor it is whole
+    e = s.tokenize(prompt="ééééé", add_special_tokens=False)
+    assert len(e) == 2 and detok(s, e) == "ééééé" and detok(s, e[:1]) == "ééé\ufffd"
+    # token_strs (vLLM's return_token_strs) use the same texts
+    r = s.client.post("/tokenize", json={"prompt": "hello world", "return_token_strs": True})
+    assert r.json()["token_strs"] == ["<|begin_of_text|>", "hello", " world"]
+    assert s.client.post("/tokenize", json={"prompt": "x"}).json()["token_strs"] is None
+
+    # without the map a prompt piece is a placeholder; generated text still prints
+    bare = sim_factory("--time-scale", "0", "--detokenize-cache-entries", "0")
+    [x] = bare.tokenize(prompt="zqxjvk", add_special_tokens=False)
+    assert detok(bare, [x]) == "<|%d|>" % x
+    assert detok(bare, ids) == text
+    assert detok(s, s.tokenize(prompt="zqxjvk", add_special_tokens=False)) == "zqxjvk"
+    assert bare.stats()["detokenize_pieces"] == 0 and s.stats()["detokenize_pieces"] > 10
+
+
+def test_detokenize_bad_input(sim):
+    c = sim.client
+    assert_openai_error(c.post("/detokenize", content=b"{not json"), 400)
+    assert_openai_error(c.post("/detokenize", content=b"[1, 2]"), 400)
+    for body, words in [({}, "required"), ({"tokens": "1 2"}, "array"),
+                        ({"tokens": [1, 1.5]}, "integers"), ({"tokens": [True]}, "integers"),
+                        ({"tokens": [None]}, "integers"), ({"tokens": [-1]}, "vocabulary"),
+                        ({"tokens": [128256]}, "vocabulary"), ({"tokens": [2**40]}, "vocabulary")]:
+        r = c.post("/detokenize", json=body)
+        err = assert_openai_error(r, 400)
+        assert words in err["message"] and err["param"] == "tokens", (body, err)
+    assert_openai_error(c.post("/detokenize", json={"tokens": [2**70]}), 400)  # beyond int64
+    assert_openai_error(c.post("/detokenize", json={"model": "other", "tokens": [1]}), 404)
+    assert c.get("/detokenize").status_code == 405
+    assert detok(sim, [128000]) == "<|begin_of_text|>"  # still serving
+
+
+def test_tokenize_chat_form_is_what_chat_caches(sim):
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+    msgs = [SYSTEM, {"role": "user", "content": "Which blocks does a repeat hit?"}]
+    ids = sim.tokenize(messages=msgs, tools=tools)  # add_generation_prompt defaults to true
+    usage = sim.chat(msgs, max_tokens=1, tools=tools)["usage"]
+    assert usage["prompt_tokens"] == len(ids)
+    # the same ids as a token prompt hit every block the chat cached (all but the last token)
+    r = sim.client.post("/v1/completions", json={"prompt": ids, "max_tokens": 1}).json()
+    assert r["usage"]["prompt_tokens"] == len(ids)
+    assert r["usage"]["prompt_tokens_details"]["cached_tokens"] == (len(ids) - 1) // 16 * 16
+    # the other request fields, with vLLM's defaults
+    no_gen = sim.tokenize(messages=msgs, tools=tools, add_generation_prompt=False)
+    assert ids[: len(no_gen)] == no_gen and len(ids) > len(no_gen)
+    assert sim.tokenize(messages=msgs, tools=tools, add_special_tokens=True) == [128000] + ids
+    r = sim.client.post("/tokenize", json={"messages": msgs, "add_generation_prompt": "yes"})
+    assert assert_openai_error(r, 400)["param"] == "add_generation_prompt"
+    r = sim.client.post("/tokenize", json={"prompt": "x", "add_special_tokens": 1})
+    assert assert_openai_error(r, 400)["param"] == "add_special_tokens"
+    body = sim.client.post("/tokenize", json={"model": MODEL, "prompt": "hi"}).json()
+    assert set(body) == {"count", "max_model_len", "tokens", "token_strs"}
+    assert body["count"] == len(body["tokens"]) == 2 and body["max_model_len"] == 131072
+
+
+# ---- /v1/responses ----
+
+INSTRUCTIONS = "You are a careful assistant who answers briefly. " * 6
+
+
+def respond(sim, **body):
+    r = sim.client.post("/v1/responses", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def output_text(resp):
+    [item] = resp["output"]
+    assert item["type"] == "message" and item["role"] == "assistant"
+    assert item["status"] == "completed" and item["id"].startswith("msg_")
+    [part] = item["content"]
+    assert part["type"] == "output_text" and part["annotations"] == []
+    return part["text"]
+
+
+def test_responses_json_and_stream(sim):
+    body = {"model": MODEL, "input": "Explain prefix caching.", "instructions": INSTRUCTIONS,
+            "max_output_tokens": 12}
+    resp = respond(sim, **body)
+    assert resp["id"].startswith("resp_") and resp["object"] == "response"
+    assert resp["status"] == "completed" and resp["model"] == MODEL
+    assert resp["previous_response_id"] is None and resp["instructions"] == INSTRUCTIONS
+    assert isinstance(resp["created_at"], int) and resp["store"] is True
+    text = output_text(resp)
+    u = resp["usage"]
+    assert u["output_tokens"] == 12 and u["total_tokens"] == u["input_tokens"] + 12
+    assert u["input_tokens_details"]["cached_tokens"] == 0
+    # rendered exactly like the chat form of the same conversation
+    chat_form = [{"role": "system", "content": INSTRUCTIONS},
+                 {"role": "user", "content": body["input"]}]
+    assert u["input_tokens"] == len(sim.tokenize(messages=chat_form))
+    assert text == sim.chat(chat_form, max_tokens=12)["choices"][0]["message"]["content"]
+
+    with sim.client.stream("POST", "/v1/responses", json={**body, "stream": True}) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = parse_sse(r.read())
+    names = [e["event"] for e in events]
+    datas = [json.loads(e["data"]) for e in events]
+    assert names[:4] == ["response.created", "response.in_progress",
+                         "response.output_item.added", "response.content_part.added"]
+    assert names[-4:] == ["response.output_text.done", "response.content_part.done",
+                          "response.output_item.done", "response.completed"]
+    assert names.count("response.output_text.delta") == 12
+    assert [d["type"] for d in datas] == names
+    assert [d["sequence_number"] for d in datas] == list(range(len(datas)))
+    assert datas[0]["response"]["status"] == "in_progress" and datas[0]["response"]["usage"] is None
+    deltas = "".join(d["delta"] for d in datas if d["type"] == "response.output_text.delta")
+    assert deltas == text == datas[-4]["text"]
+    final = datas[-1]["response"]
+    assert output_text(final) == text and final["id"] == datas[0]["response"]["id"]
+    assert final["usage"]["input_tokens"] == u["input_tokens"]
+    assert final["usage"]["input_tokens_details"]["cached_tokens"] > 0  # the JSON request's blocks
+
+
+def test_responses_previous_response_id_chain(sim):
+    prev, prev_input, cached, messages = None, 0, [], [{"role": "system", "content": INSTRUCTIONS}]
+    for turn in range(4):
+        body = {"input": f"Turn {turn}: tell me more about KV blocks.",
+                "instructions": INSTRUCTIONS, "max_output_tokens": 24}
+        if prev:
+            body["previous_response_id"] = prev["id"]
+        resp = respond(sim, **body)
+        assert resp["previous_response_id"] == (prev["id"] if prev else None)
+        u = resp["usage"]
+        cached.append(u["input_tokens_details"]["cached_tokens"])
+        if turn:  # the stored conversation, its answer included, was cached (block-aligned)
+            assert cached[-1] >= prev_input + 24 - 16, (cached, prev_input)
+        # the chain renders as chat would render the whole conversation
+        messages.append({"role": "user", "content": body["input"]})
+        assert u["input_tokens"] == len(sim.tokenize(messages=messages))
+        messages.append({"role": "assistant", "content": output_text(resp)})
+        prev, prev_input = resp, u["input_tokens"]
+    assert cached[0] == 0 and all(b > a for a, b in zip(cached, cached[1:])), cached
+    # the same conversation through chat completions hits the same blocks
+    messages.append({"role": "user", "content": "And finally?"})
+    chat = sim.chat(messages, max_tokens=1)["usage"]
+    assert chat["prompt_tokens_details"]["cached_tokens"] >= prev_input + 24 - 16
+    # a list input with content parts continues the chain the same way
+    resp = respond(sim, previous_response_id=prev["id"], instructions=INSTRUCTIONS,
+                   input=[{"type": "message", "role": "user",
+                           "content": [{"type": "input_text", "text": "And finally?"}]}],
+                   max_output_tokens=1)
+    assert resp["usage"]["input_tokens"] == chat["prompt_tokens"]
+    assert sim.stats()["stored_responses"] == 5
+
+
+def test_responses_unknown_previous_id_and_store(sim_factory):
+    s = sim_factory("--time-scale", "0", "--max-stored-responses", "2")
+    for bad in ["resp_nope", "resp_" + "0" * 24, "x" * 5000, "resp_é" + "1" * 300]:
+        r = s.client.post("/v1/responses", json={"input": "hi", "previous_response_id": bad})
+        assert r.status_code == 404
+        assert r.json() == {"error": {
+            "message": "Previous response with id '%s' not found." % bad[:200],
+            "type": "invalid_request_error", "param": "previous_response_id",
+            "code": "previous_response_not_found"}} or len(bad) > 200
+        assert_openai_error(r, 404)
+    unstored = respond(s, input="a", store=False, max_output_tokens=1)
+    assert unstored["store"] is False
+    r = s.client.post("/v1/responses", json={"input": "b", "previous_response_id": unstored["id"]})
+    assert r.status_code == 404
+    # at most 2 kept: the oldest goes first
+    ids = [respond(s, input=f"q{i}", max_output_tokens=1)["id"] for i in range(3)]
+    assert respond(s, input="c", previous_response_id=ids[2], max_output_tokens=1)
+    r = s.client.post("/v1/responses", json={"input": "c", "previous_response_id": ids[0]})
+    assert r.status_code == 404
+    assert s.stats()["stored_responses"] == 2
+
+
+def test_responses_bad_input_never_crashes(sim):
+    c = sim.client
+    bad = [
+        {}, {"input": 5}, {"input": [5]}, {"input": [{"role": 1, "content": "x"}]},
+        {"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]},
+        {"input": [{"role": "user", "content": [{"type": "input_text"}]}]},
+        {"input": [{"role": "user", "content": [{"type": "weird", "text": "x"}]}]},
+        {"input": [{"role": "user", "content": 7}]}, {"input": "x", "instructions": 3},
+        {"input": "x", "store": "yes"}, {"input": "x", "max_output_tokens": 0},
+        {"input": "x", "max_output_tokens": 10**9}, {"input": "x", "stream": "no"},
+        {"input": "x", "previous_response_id": 5}, {"input": "x", "tools": {}},
+        {"input": "x", "tools": [1]},
+    ]
+    for body in bad:
+        err = assert_openai_error(c.post("/v1/responses", json=body), 400)
+        assert err["type"] == "invalid_request_error", (body, err)
+    assert_openai_error(c.post("/v1/responses", content=b"{"), 400)
+    assert_openai_error(c.post("/v1/responses", json={"model": "other", "input": "x"}), 404)
+    assert c.get("/v1/responses").status_code == 405
+    # accepted shapes: media parts, output_text in an assistant item, an empty list
+    ok = respond(sim, input=[
+        {"role": "user", "content": [{"type": "input_image", "image_url": "data:,x"}]},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "seen"}]},
+        {"role": "user", "content": "ok?"}], max_output_tokens=2)
+    assert ok["usage"]["output_tokens"] == 2
+    # BOS + <|start_header_id|> "assista" "nt" <|end_header_id|> "\n\n"
+    assert respond(sim, input=[], max_output_tokens=1)["usage"]["input_tokens"] == 6
+
+
+def test_responses_stream_faults(sim_factory):
+    s = sim_factory("--time-scale", "0", "--drop-after-events", "0")
+    with pytest.raises(httpx.RemoteProtocolError):
+        with s.client.stream("POST", "/v1/responses",
+                             json={"input": "x", "stream": True, "max_output_tokens": 4}) as r:
+            r.read()
+    s.faults(drop_after_events=3)
+    got = []
+    with pytest.raises(httpx.RemoteProtocolError):
+        with s.client.stream("POST", "/v1/responses",
+                             json={"input": "y", "stream": True, "max_output_tokens": 4}) as r:
+            got = [l for l in lines(r) if l.startswith("event: ")]
+    assert len(got) <= 3
+    wait_until(lambda: s.stats()["running"] == 0, 5, what="the dropped stream's sequence ended")
+    assert s.stats()["kv_blocks_used"] == 0
+    s.faults(drop_after_events=-1)
+    assert respond(s, input="z", max_output_tokens=2)["status"] == "completed"
+
+
+# ---- /sim/evict and KV-event faults ----
+
+def events_sim(sim_factory, *extra):
+    pub, rep = free_port(), free_port()
+    s = sim_factory("--time-scale", "0", "--kv-events-bind", "bind",
+                    "--kv-events-endpoint", f"tcp://127.0.0.1:{pub}",
+                    "--kv-events-replay-endpoint", f"tcp://127.0.0.1:{rep}", *extra)
+    return s, pub, rep
+
+
+def seq_of(frames):
+    return int.from_bytes(frames[1], "big")
+
+
+def drain(sub, quiet_ms=300):
+    """Every batch the SUB receives until it has been quiet for quiet_ms."""
+    out = []
+    while sub.poll(quiet_ms):
+        out.append(sub.recv_multipart())
+    return out
+
+
+def joined_sub(ctx, s, pub):
+    """A SUB that has received at least one batch (the PUB/SUB join is asynchronous) and then
+    drained everything; returns it and the last seq it saw."""
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(f"tcp://127.0.0.1:{pub}")
+    got, i, deadline = [], 0, time.monotonic() + 10
+    while not got and time.monotonic() < deadline:
+        s.chat([{"role": "user", "content": f"join {i} " * 20}], max_tokens=1)
+        i += 1
+        got = drain(sub, 100)
+    assert got, "SUB never received a batch"
+    got += drain(sub)
+    return sub, seq_of(got[-1])
+
+
+def replay(ctx, rep, start, timeout_ms=3000):
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.connect(f"tcp://127.0.0.1:{rep}")
+    dealer.send_multipart([b"", start.to_bytes(8, "big")])
+    out = []
+    while True:
+        frames = recv_batch(dealer, timeout_ms)
+        seq = int.from_bytes(frames[2], "big")
+        if seq == 2**64 - 1:
+            return out
+        out.append((seq, frames[3]))
+
+
+def test_sim_evict_removes_free_blocks_with_events(sim_factory):
+    s, pub, _ = events_sim(sim_factory)
+    ctx = zmq.Context()
+    try:
+        sub, _ = joined_sub(ctx, s, pub)
+        msgs = [{"role": "user", "content": "Evict me on demand, please. " * 12}]
+        assert s.chat(msgs, max_tokens=4)["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        stored = [h for f in drain(sub) for e in decode_events(f[2])
+                  if e["type"] == "BlockStored" for h in e["block_hashes"]]
+        assert stored
+        cached = s.stats()["kv_blocks_cached"]
+        assert cached >= len(stored)
+        r = s.client.post("/sim/evict")
+        assert r.status_code == 200 and r.json() == {"evicted": cached}
+        removed = []
+        for f in drain(sub):
+            for e in decode_events(f[2]):
+                assert e["type"] == "BlockRemoved" and len(e["block_hashes"]) == 1
+                removed += e["block_hashes"]
+        assert len(removed) == cached and set(stored) <= set(removed)
+        st = s.stats()
+        assert st["kv_blocks_cached"] == 0 and st["evictions"] == cached
+        assert s.chat(msgs, max_tokens=4)["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        again = s.stats()["kv_blocks_cached"]
+        assert again > 0 and s.client.post("/sim/evict").json() == {"evicted": again}
+        assert s.client.post("/sim/evict").json() == {"evicted": 0}
+        assert s.client.get("/sim/evict").status_code == 405
+    finally:
+        ctx.destroy(linger=0)
+
+
+def test_sim_evict_while_a_request_runs(sim_factory):
+    s = sim_factory("--time-scale", "1")
+    done = [{"role": "user", "content": "finished request " * 40}]
+    s.chat(done, max_tokens=1)
+    free_cached = s.stats()["kv_blocks_cached"]
+    with s.client.stream("POST", "/v1/chat/completions",
+                         json={"messages": [{"role": "user", "content": "running " * 100}],
+                               "max_tokens": 5000, "stream": True}) as r:
+        # keep the iterator referenced: a collected one closes the connection (an abort)
+        it = lines(r)
+        while not next(it).startswith("data: {"):
+            pass
+        running_cached = s.stats()["kv_blocks_cached"] - free_cached
+        assert running_cached > 0
+        assert s.client.post("/sim/reset_prefix_cache").status_code == 409  # vLLM refuses
+        assert s.client.post("/sim/evict").json() == {"evicted": free_cached}
+        assert s.stats()["kv_blocks_cached"] >= running_cached  # pinned blocks keep their hashes
+        assert s.stats()["running"] == 1
+        del it
+    assert s.chat(done, max_tokens=1)["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+
+
+def test_drop_event_batches_gap_and_replay(sim_factory):
+    s, pub, rep = events_sim(sim_factory)
+    ctx = zmq.Context()
+    try:
+        sub, last = joined_sub(ctx, s, pub)
+        assert s.faults(drop_event_batches=2)["drop_event_batches"] == 2
+        for i in range(5):  # one batch each (max_tokens 1: a single step)
+            s.chat([{"role": "user", "content": f"batch {i} " * 20}], max_tokens=1)
+        seen = [seq_of(f) for f in drain(sub)]
+        st = s.stats()
+        nxt = st["kv_events_next_seq"]
+        assert st["kv_event_batches_dropped"] == 2
+        assert nxt >= last + 6
+        assert seen == list(range(last + 3, nxt)), (last, seen, nxt)  # the gap: last+1, last+2
+        assert s.client.get("/sim/faults").json()["drop_event_batches"] == 0
+        got = replay(ctx, rep, last + 1)
+        assert [q for q, _ in got] == list(range(last + 1, nxt))  # the gap is recoverable
+        assert all(decode_events(p)[0]["type"] == "BlockStored" for _, p in got[:2])
+    finally:
+        ctx.destroy(linger=0)
+
+
+def test_drop_event_batches_flag(sim_factory):
+    s, _, rep = events_sim(sim_factory, "--drop-event-batches", "1")
+    assert s.client.get("/sim/faults").json()["drop_event_batches"] == 1
+    s.chat([{"role": "user", "content": "first batch " * 20}], max_tokens=1)
+    assert s.stats()["kv_event_batches_dropped"] == 1
+    assert s.client.get("/sim/faults").json()["drop_event_batches"] == 0
+    ctx = zmq.Context()
+    try:
+        assert [q for q, _ in replay(ctx, rep, 0)] == [0]
+    finally:
+        ctx.destroy(linger=0)
+    for bad in ({"drop_event_batches": -1}, {"drop_event_batches": 1.5},
+                {"drop_event_batches": "2"}, {"replay_silent": 1}, {"replay_silent": "true"}):
+        assert_openai_error(s.client.post("/sim/faults", json=bad), 400)
+
+
+def test_replay_silent(sim_factory):
+    s, _, rep = events_sim(sim_factory, "--replay-silent")
+    assert s.client.get("/sim/faults").json()["replay_silent"] is True
+    s.chat([{"role": "user", "content": "something to replay " * 20}], max_tokens=1)
+    ctx = zmq.Context()
+    try:
+        dealer = ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.connect(f"tcp://127.0.0.1:{rep}")
+        dealer.send_multipart([b"", (0).to_bytes(8, "big")])
+        assert not dealer.poll(700), "a silent replay answered"
+        wait_until(lambda: s.stats()["kv_events_replays_ignored"] == 1, 3,
+                   what="the ignored replay request was counted")
+        assert s.faults(replay_silent=False)["replay_silent"] is False
+        got = replay(ctx, rep, 0)
+        assert [q for q, _ in got] == [0]
+        assert not dealer.poll(200)  # the ignored request is never answered late
+        s.faults(replay_silent=True)
+        dealer.send_multipart([b"", (0).to_bytes(8, "big")])
+        assert not dealer.poll(500)
+        assert s.stats()["kv_events_replays_ignored"] == 2
+    finally:
+        ctx.destroy(linger=0)
