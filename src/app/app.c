@@ -20,8 +20,14 @@ static void refresh_kv_blocks(kvr_app *app, const kvr_route *rt)
         return;
     for (size_t t = 0; t < rt->ntargets; t++) {
         const kvr_worker *w = rt->targets[t].worker;
-        if (!kvr_kv_events_configured(app->kv, w->id))
+        if (!kvr_kv_events_configured(app->kv, w->id)) {
+            /* A precise route's worker without events is routed approximately: say so. */
+            const char *lw[] = {w->url};
+            if (rt->ops->uses_tokens)
+                kvr_metric_set(kvr_metrics_find(app->metrics, "kvroute_kv_events_state"), lw,
+                               KVR_KV_FALLBACK);
             continue;
+        }
         kvr_kv_worker_stats ws;
         kvr_kv_index_worker_stats(kvr_kv_events_index(app->kv), w->id, &ws);
         for (int m = 0; m < KVR_KV_NMEDIA; m++) {

@@ -421,6 +421,10 @@ int kvr_kv_events_configure(kvr_kv_events *ev, kvr_worker *w, const kvr_kv_event
 
 void kvr_kv_events_drop(kvr_kv_events *ev, const kvr_worker *w)
 {
+    kvr_metric *per_worker[] = {ev->m_state, ev->m_events, ev->m_gaps, ev->m_replays,
+                                ev->m_malformed};
+    for (size_t i = 0; i < sizeof(per_worker) / sizeof(per_worker[0]); i++)
+        kvr_metric_remove_matching(per_worker[i], "worker", w->url);
     wrec *r = rec(ev, w->id, 0);
     if (!r)
         return;
