@@ -72,10 +72,16 @@ typedef kvr_endpoint kvr_route_kind;
 /** Longest header name or body path in a source list, bytes. */
 #define KVR_SESSION_SOURCE_NAME_MAX 63
 
-/** The default source list (DESIGN §5), in the syntax of kvr_session_sources_parse(). */
+/** The default source list (DESIGN §5), in the syntax of kvr_session_sources_parse(). Agent
+ *  clients' own ids come after the generic session headers and before the user id: Claude
+ *  Code's `x-claude-code-session-id`, `x-session-affinity` (used by gateways such as
+ *  OpenRouter's), a bare `session_id` header; in the body, OpenAI's `prompt_cache_key` (its
+ *  documented cache-routing hint) before `user`. */
 #define KVR_SESSION_SOURCES_DEFAULT                                                              \
-    "header:x-session-id,header:x-conversation-id,header:x-user-id,"                             \
-    "body:session_params.session_id,body:session_id,body:conversation_id,body:user,body:user_id"
+    "header:x-session-id,header:x-conversation-id,header:x-claude-code-session-id,"              \
+    "header:x-session-affinity,header:session_id,header:x-user-id,"                              \
+    "body:session_params.session_id,body:session_id,body:conversation_id,"                       \
+    "body:prompt_cache_key,body:user,body:user_id"
 
 /** One place a session key may come from. */
 typedef struct kvr_session_source {

@@ -252,7 +252,10 @@ def test_session_ids_are_exact_and_turns_stay_on_their_worker(sim_factory, kvrou
             assert r.worker == owner[sid], "session %s moved: %r" % (sid, r)
     # other session sources (DESIGN §5): header x-conversation-id, body session_id and user
     src = [({"x-conversation-id": "conv-9"}, {}), ({}, {"session_id": "body-9"}),
-           ({}, {"user": "user-9"}), ({}, {"session_params": {"session_id": "sp-9"}})]
+           ({}, {"user": "user-9"}), ({}, {"session_params": {"session_id": "sp-9"}}),
+           # agent clients' ids: Claude Code's header, OpenAI's prompt_cache_key, gateways'
+           ({"x-claude-code-session-id": "cc-9"}, {}), ({}, {"prompt_cache_key": "pck-9"}),
+           ({"x-session-affinity": "aff-9"}, {}), ({"session_id": "hdr-9"}, {})]
     for i, (h, b) in enumerate(src):
         a = c.ask(unique_text(200 + i, "s"), headers=h, **b)
         assert a.decision == "low_match_min_load", (h, b, a)
