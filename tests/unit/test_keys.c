@@ -637,7 +637,7 @@ static void test_session_sources_config(void **state)
     assert_int_equal(kvr_session_sources_parse(&s, "cookie:x", err, sizeof(err)), -1);
     assert_int_equal(kvr_session_sources_parse(&s, "body:a..b", err, sizeof(err)), -1);
     kvr_session_sources_default(&s);
-    assert_int_equal(s.n, 8);
+    assert_int_equal(s.n, 12);
 }
 
 /* ---- limits --------------------------------------------------------------------------- */
