@@ -135,6 +135,8 @@ static const kvr_flag flags[] = {
      .help = "WORKER_URL=ENDPOINT[,REPLAY_ENDPOINT]: the worker's vLLM KV-event PUB (and "
              "replay) sockets, e.g. tcp://10.0.0.5:5557 (repeatable)",
      .set = set_kv_events, .show = show_worker},
+    FL("teach-completion-max-bytes", SIZE, teach_completion_max_bytes, 0, 1e9,
+       "a reply up to this size is taught after its prompt, so follow-ups find it (0 = off)"),
     FL("max-kv-blocks", SIZE, kv.max_blocks, 1, 1e10,
        "KV block index entries over all workers (stores past it are skipped)"),
     FL("kv-events-stale-ms", U64, kv.stale_ms, 1, 1e10,
@@ -230,6 +232,7 @@ void kvr_config_default(kvr_config *c)
     c->max_usage_bytes = 1 << 20;
     c->max_routing_text_bytes = 32u << 20;
     kvr_kv_events_cfg_default(&c->kv);
+    c->teach_completion_max_bytes = 262144;
     c->tokenize = (kvr_tokenize_cfg){.timeout_ms = 100, .cache_entries = 4096};
     kvr_http_limits_default(&c->http);
     kvr_upstream_opts_default(&c->upstream);

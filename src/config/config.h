@@ -154,6 +154,8 @@ typedef struct kvr_config {
                                         `header:NAME`/`body:PATH` list (DESIGN §5 default) */
     size_t max_usage_bytes;        /**< --max-usage-scan-bytes: JSON response bytes kept to read
                                         `usage` (1 MiB); larger bodies are relayed, not counted */
+    size_t teach_completion_max_bytes; /**< --teach-completion-max-bytes: a 2xx reply up to this
+                                        size is taught with its prompt (262144; 0 = off) */
     kvr_kv_events_cfg kv;          /**< --max-kv-blocks, --kv-events-stale-ms,
                                         --kv-speculative-ms, --kv-events-queue,
                                         --kv-events-max-bytes */

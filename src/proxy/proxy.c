@@ -56,6 +56,7 @@ typedef struct preq {
     int trial;            /* the current attempt is its worker's half-open breaker trial */
     int verdict;          /* the current attempt's breaker verdict was given */
     int body_pending;     /* the response is relayed: free the body once it is all sent */
+    int teach_reply;      /* keys kept until the reply is complete (completion teaching) */
     char attempts[8];     /* x-kvroute-attempts */
     size_t tried[MAX_ATTEMPTS]; /* worker ids already attempted */
     size_t ntried;
@@ -196,6 +197,20 @@ static void count_prediction(preq *p)
         kvr_metric_inc(p->app->m.mispredictions, lw, 1);
     else
         kvr_metric_inc(p->app->m.mispredictions, lw, 0);
+}
+
+/* The worker now also holds its own reply (engines cache generated tokens too): teach the
+ * request's text followed by the reply, framed as the next turn will send it, so a follow-up
+ * without a session id still finds this worker. Replies over the cap teach nothing more. */
+static void teach_reply(preq *p)
+{
+    json_t *reply = kvr_usage_reply(&p->usage, p->ep == KVR_EP_COMPLETIONS);
+    if (reply && kvr_route_text_append_reply(&p->keys.text, (kvr_route_kind)p->ep, reply) == 1) {
+        p->keys.k.text = p->keys.text.data;
+        p->keys.k.text_len = p->keys.text.len;
+        kvr_route_teach(p->route, p->w, &p->keys.k);
+    }
+    json_decref(reply);
 }
 
 static void count_usage(preq *p)
@@ -351,12 +366,18 @@ static void on_headers(void *ud, int status, const kvr_http_header *h, size_t n)
     int ok = status / 100 == 2;
     kvr_usage_init(&p->usage, p->sse, ok ? p->app->cfg.max_usage_bytes : 0,
                    ok && p->ep == KVR_EP_RESPONSES);
+    /* Completion teaching: the keys wait for the reply, which joins them when it is complete. */
+    p->teach_reply = ok && p->route->ops->teach && p->keys.k.text_len &&
+                     p->app->cfg.teach_completion_max_bytes;
+    if (p->teach_reply)
+        kvr_usage_want_reply(&p->usage, p->app->cfg.teach_completion_max_bytes);
     kvr_http_resp_start(p->req, status, out, k, clen);
     /* Teach when the 2xx headers arrive (DESIGN §10): a burst sharing a new prefix gains
      * affinity as soon as the first answer starts; failed attempts teach nothing. */
     if (ok)
         kvr_route_teach(p->route, p->w, &p->keys.k);
-    kvr_request_keys_free(&p->keys);
+    if (!p->teach_reply)
+        kvr_request_keys_free(&p->keys);
     /* No further attempt can need the body now (DESIGN §11): free it as soon as it is sent. */
     p->body_pending = 1;
     release_body(p);
@@ -556,6 +577,8 @@ static void on_done(void *ud, kvr_upstream_err err, const char *msg, int got_hea
         if (p->held.len)
             kvr_http_resp_write(p->req, p->held.data, p->held.len);
         count_usage(p);
+        if (p->teach_reply)
+            teach_reply(p);
         if (p->rl.limited && p->usage.found)
             kvr_ratelimit_settle(app->ratelimits, p->key,
                                  (int64_t)(p->usage.prompt + p->usage.completion) -

@@ -10,9 +10,93 @@
 
 /* Chat and completions write usage.prompt_tokens(_details); the Responses API writes
  * usage.input_tokens(_details), inside `response` for its streamed response.completed event. */
+static void reply_text(kvr_usage *u, const json_t *s)
+{
+    if (u->reply_over || !json_is_string(s))
+        return;
+    size_t n = json_string_length(s);
+    if (u->reply.len + n > u->reply_cap || kvr_buf_append(&u->reply, json_string_value(s), n) < 0)
+        u->reply_over = 1;
+}
+
+/* A tool-call fragment: the first carries the name, the rest extend the arguments. */
+static void reply_call(kvr_usage *u, const json_t *tc, size_t pos)
+{
+    const json_t *fn = json_object_get(tc, "function");
+    json_int_t idx = json_integer_value(json_object_get(tc, "index"));
+    size_t i = json_is_integer(json_object_get(tc, "index")) ? (size_t)idx : pos;
+    if (!u->calls)
+        u->calls = json_array();
+    if (!u->calls || i > json_array_size(u->calls) || i > 128) {
+        u->reply_over = 1;
+        return;
+    }
+    if (i == json_array_size(u->calls))
+        json_array_append_new(u->calls, json_pack("{s:{s:s,s:s}}", "function", "name", "",
+                                                  "arguments", ""));
+    json_t *have = json_object_get(json_array_get(u->calls, i), "function");
+    const char *keys[] = {"name", "arguments"};
+    for (int k = 0; k < 2; k++) {
+        const json_t *part = json_object_get(fn, keys[k]);
+        if (!json_is_string(part))
+            continue;
+        json_t *old = json_object_get(have, keys[k]);
+        size_t ol = json_string_length(old), pl = json_string_length(part);
+        if (ol + pl > u->reply_cap) {
+            u->reply_over = 1;
+            return;
+        }
+        char *joined = malloc(ol + pl + 1);
+        if (!joined) {
+            u->reply_over = 1;
+            return;
+        }
+        memcpy(joined, json_string_value(old), ol);
+        memcpy(joined + ol, json_string_value(part), pl);
+        json_object_set_new(have, keys[k], json_stringn_nocheck(joined, ol + pl));
+        free(joined);
+    }
+}
+
+/* The reply parts of one parsed JSON body or SSE event. */
+static void take_reply(kvr_usage *u, const json_t *j)
+{
+    const json_t *c0 = json_array_get(json_object_get(j, "choices"), 0);
+    const json_t *msg = json_object_get(c0, "message"), *delta = json_object_get(c0, "delta");
+    const json_t *part = msg ? msg : delta, *tc;
+    size_t i;
+    if (part) {
+        reply_text(u, json_object_get(part, "content"));
+        json_array_foreach(json_object_get(part, "tool_calls"), i, tc)
+            reply_call(u, tc, i);
+    } else if (json_is_string(json_object_get(c0, "text"))) {
+        reply_text(u, json_object_get(c0, "text"));
+    }
+    if (msg || json_is_string(json_object_get(c0, "finish_reason")))
+        u->reply_done = 1;
+    /* Responses: the whole output of the final response object (JSON body, or the
+     * response.completed event), never the deltas. */
+    const char *o = json_string_value(json_object_get(j, "object"));
+    const json_t *resp = o && !strcmp(o, "response") ? j : NULL;
+    const char *t = json_string_value(json_object_get(j, "type"));
+    if (t && !strcmp(t, "response.completed"))
+        resp = json_object_get(j, "response");
+    const json_t *item, *cp;
+    size_t k;
+    json_array_foreach(json_object_get(resp, "output"), i, item) {
+        const char *it = json_string_value(json_object_get(item, "type"));
+        json_array_foreach(it && !strcmp(it, "message") ? json_object_get(item, "content") : NULL,
+                           k, cp) reply_text(u, json_object_get(cp, "text"));
+    }
+    if (resp)
+        u->reply_done = 1;
+}
+
 static void take(kvr_usage *u, const char *json, size_t len)
 {
     json_t *j = kvr_json_read(json, len, NULL);
+    if (j && u->reply_cap && !u->reply_over)
+        take_reply(u, j);
     json_t *usage = j ? json_object_get(j, "usage") : NULL;
     if (!json_is_object(usage))
         usage = json_object_get(json_object_get(j, "response"), "usage");
@@ -34,6 +118,27 @@ static void take(kvr_usage *u, const char *json, size_t len)
     if (id)
         u->response_id = strndup(id, idlen);
     json_decref(j);
+}
+
+void kvr_usage_want_reply(kvr_usage *u, size_t cap)
+{
+    u->reply_cap = cap;
+    kvr_buf_init(&u->reply, cap);
+}
+
+json_t *kvr_usage_reply(const kvr_usage *u, int completions)
+{
+    if (!u->reply_cap || u->reply_over || !u->reply_done)
+        return NULL;
+    json_t *text = json_stringn(u->reply.data ? u->reply.data : "", u->reply.len);
+    if (!text) /* not UTF-8 (cut mid-character): the next turn cannot send it either */
+        return NULL;
+    if (completions)
+        return text;
+    json_t *m = json_pack("{s:s,s:o}", "role", "assistant", "content", text);
+    if (m && u->calls && json_array_size(u->calls))
+        json_object_set(m, "tool_calls", u->calls);
+    return m;
 }
 
 void kvr_usage_init(kvr_usage *u, int sse, size_t cap, int want_id)
@@ -67,7 +172,7 @@ static void sse_line(kvr_usage *u, const char *line, size_t len)
 {
     if (len <= 5 || memcmp(line, "data:", 5) != 0)
         return;
-    if (has_object_field(line, len, "\"usage\"") ||
+    if ((u->reply_cap && !u->reply_over) || has_object_field(line, len, "\"usage\"") ||
         (u->want_id && !u->response_id && has_object_field(line, len, "\"response\"")))
         take(u, line + 5, len - 5);
 }
@@ -112,6 +217,9 @@ void kvr_usage_finish(kvr_usage *u)
 void kvr_usage_free(kvr_usage *u)
 {
     kvr_buf_free(&u->buf);
+    kvr_buf_free(&u->reply);
+    json_decref(u->calls);
+    u->calls = NULL;
     free(u->response_id);
     u->response_id = NULL;
 }

@@ -7,6 +7,7 @@
  * split across reads are reassembled before anything parses them. */
 #ifndef KVR_PROXY_USAGE_H
 #define KVR_PROXY_USAGE_H
+#include <jansson.h>
 #include <stddef.h>
 
 #include "util/buf.h"
@@ -23,12 +24,26 @@ typedef struct kvr_usage {
     long long completion; /**< usage.completion_tokens */
     int want_id;        /**< also look for the Responses API response id */
     char *response_id;  /**< the id found (owned; NULL until found) */
+    size_t reply_cap;   /**< collect the reply up to this many bytes (0 = not at all) */
+    int reply_over;     /**< the reply outgrew reply_cap (or memory ran out): not usable */
+    kvr_buf reply;      /**< the reply's text so far */
+    json_t *calls;      /**< its tool calls so far: array of {function: {name, arguments}} */
+    int reply_done;     /**< a complete reply was read (JSON body, or final SSE event) */
 } kvr_usage;
 
 /** Starts a scan; `cap` bytes bound the memory kept (0 disables scanning); `want_id` also
  *  captures the response id of a Responses API answer (routing/keys.h
  *  kvr_route_response_id()). */
 void kvr_usage_init(kvr_usage *u, int sse, size_t cap, int want_id);
+/** Also collects the reply (assistant text and tool calls) for completion teaching: chat
+ *  choices[0].message / delta.content and delta.tool_calls (fragments joined by index),
+ *  completions choices[0].text, Responses output_text (its final response object). Replies
+ *  over `cap` bytes are dropped (reply_over). Call after kvr_usage_init(). */
+void kvr_usage_want_reply(kvr_usage *u, size_t cap);
+/** The reply as the next chat turn will send it: a new {"role": "assistant", "content",
+ *  "tool_calls"?} object (caller decrefs); for completions a JSON string. NULL when none was
+ *  collected (not asked, over the cap, no answer). */
+json_t *kvr_usage_reply(const kvr_usage *u, int completions);
 /** Feeds response body bytes. */
 void kvr_usage_feed(kvr_usage *u, const char *data, size_t len);
 /** Parses what is buffered (JSON bodies) at the end of the response. */

@@ -580,6 +580,22 @@ int kvr_route_text_build(const json_t *body, kvr_route_kind kind, kvr_buf *out)
     return w.oom ? -1 : w.cut ? 1 : 0;
 }
 
+int kvr_route_text_append_reply(kvr_buf *text, kvr_route_kind kind, const json_t *reply)
+{
+    writer w = {.b = text};
+    if (kind == KVR_ROUTE_COMPLETIONS) {
+        /* A framed text (token ids, a batch) starts with a control byte; a string does not. */
+        if (!json_is_string(reply) || (text->len && (text->data[0] == RS || text->data[0] == US)))
+            return 0;
+        put_str(&w, reply);
+    } else if (json_is_object(reply)) {
+        put_chat_message(&w, reply);
+    } else {
+        return 0;
+    }
+    return w.oom ? -1 : 1;
+}
+
 int kvr_route_keys_build(const json_t *body, kvr_route_kind kind, kvr_header_get_fn get,
                          void *ctx, const kvr_session_sources *src, kvr_buf *text,
                          kvr_buf *session)

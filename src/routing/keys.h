@@ -140,6 +140,15 @@ int kvr_route_keys_build(const json_t *body, kvr_route_kind kind, kvr_header_get
 /** The Responses API `previous_response_id` of `body` (a non-empty string), borrowed from the
  *  body (valid while it lives), length in `*len`; NULL when absent. The request must go to the
  *  worker that produced that response: it alone holds its state. */
+/** Completion teaching: appends a worker's reply to the routing text `text` of the request
+ *  it answered, exactly as the next turn will frame it (so the next turn's text starts with
+ *  the result). Chat and Responses: `reply` is the assistant message ({"role": "assistant",
+ *  "content", "tool_calls"?}), appended as one more message record. Completions: `reply` is
+ *  the completion string, appended as raw bytes, and only to a string prompt (a client
+ *  continuing a text prompt sends prompt + completion + more). Respects text's cap (a cut
+ *  text stays a prefix). Returns 1 when appended, 0 when nothing applies, -1 out of memory. */
+int kvr_route_text_append_reply(kvr_buf *text, kvr_route_kind kind, const json_t *reply);
+
 const char *kvr_route_previous_response_id(const json_t *body, size_t *len);
 
 /** The response id in a worker's Responses API answer: `id` of a non-streamed answer (an

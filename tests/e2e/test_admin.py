@@ -175,7 +175,8 @@ def test_admin_methods_and_paths(stub, kvroute):
 # ============================================================================ GET /workers
 def test_workers_lists_state_per_worker(stub, kvroute):
     # --forget-after-ms 0: a worker down at all counts as having lost its cache
-    ws, kv, adm = start(stub, kvroute, health_interval_ms=100, extra=["--forget-after-ms", "0"])
+    ws, kv, adm = start(stub, kvroute, health_interval_ms=100,
+                        extra=["--forget-after-ms", "0", "--teach-completion-max-bytes", "0"])
     urls = {w.url for w in ws}
     r = adm.get("/workers")
     assert r.status_code == 200 and r.headers["content-type"].startswith("application/json")

@@ -43,6 +43,10 @@ class Routed:
     def json(self):
         return self.r.json()
 
+    @property
+    def text(self):
+        return self.r.text
+
     def __repr__(self):
         return "<%s %s %s match=%s>" % (self.status, self.worker, self.decision, self.match_hdr)
 
@@ -836,7 +840,9 @@ def test_unhealthy_worker_loses_its_sessions_and_index_entries(sim_factory, kvro
 
 # ============================================================================ metrics and caps
 def test_session_and_index_metrics_move(sim_factory, kvroute, clients):
-    _, kv = sims_kv(sim_factory, kvroute, 2, extra=["--max-sessions", "5", "--session-ttl", "1"])
+    # prompts only: the counts below are those of the request texts (no completion teaching)
+    _, kv = sims_kv(sim_factory, kvroute, 2, extra=["--max-sessions", "5", "--session-ttl", "1",
+                                                    "--teach-completion-max-bytes", "0"])
     c = clients(kv)
     m = kv.metrics()
     for name in ("kvroute_index_blocks", "kvroute_sessions"):
@@ -934,7 +940,8 @@ def test_shared_prefix_outlives_its_tails_under_a_worker_cap(sim_factory, kvrout
 
 
 def test_block_bytes_flag(sim_factory, kvroute, clients):
-    _, kv = sims_kv(sim_factory, kvroute, 1, extra=["--block-bytes", "16"])
+    _, kv = sims_kv(sim_factory, kvroute, 1, extra=["--block-bytes", "16",
+                                                    "--teach-completion-max-bytes", "0"])
     c = clients(kv)
     c.complete("x" * 100)  # a string prompt is its bytes: 6 full blocks of 16 + a partial one
     assert metric(kv, "kvroute_index_blocks", model=SIM_MODEL) == 7
@@ -1117,3 +1124,33 @@ def test_hash_policies_are_deterministic_and_move_only_a_lost_workers_keys(
     wait_until(lambda: kv1.metrics().get("kvroute_worker_healthy", worker=lost) == 1, 5,
                what="the owner to be healthy again")
     assert mapping(kv1) == m1, "keys did not return to their owner"
+
+
+# ============================================================================ completion teaching
+@pytest.mark.parametrize("stream", [False, True])
+def test_completion_teaching_follow_up_without_session_id(sim_factory, kvroute, clients, stream):
+    """The reply joins the taught text when the answer completes, framed as the next turn sends
+    it: turn 2, sent with no session id, matches >= 0.9 and lands on turn 1's worker."""
+    _, kv = sims_kv(sim_factory, kvroute, 4)
+    c = clients(kv)
+    msgs = [{"role": "user", "content": unique_text(7, "q")}]
+    extra = {"stream": True, "stream_options": {"include_usage": True}} if stream else {}
+    r1 = c.chat(msgs, max_tokens=200, **extra)
+    if stream:
+        reply = "".join((json.loads(ln[5:]).get("choices") or [{}])[0].get("delta", {})
+                        .get("content") or ""
+                        for ln in r1.text.splitlines()
+                        if ln.startswith("data:") and ln.strip() != "data: [DONE]")
+    else:
+        reply = r1.json()["choices"][0]["message"]["content"]
+    assert len(reply) > 200, reply
+    msgs2 = msgs + [{"role": "assistant", "content": reply},
+                    {"role": "user", "content": "and then?"}]
+    r2 = c.chat(msgs2)
+    assert r2.worker == r1.worker, (r1, r2)
+    assert r2.decision == "prefix_match" and r2.match >= 0.9, r2
+    # off: only the prompt is known, so the follow-up matches much less
+    _, kv0 = sims_kv(sim_factory, kvroute, 4, extra=["--teach-completion-max-bytes", "0"])
+    c0 = clients(kv0)
+    c0.chat(msgs, max_tokens=200, **extra)
+    assert c0.chat(msgs2).match < 0.9

@@ -640,6 +640,55 @@ static void test_session_sources_config(void **state)
     assert_int_equal(s.n, 12);
 }
 
+/* ---- completion teaching -------------------------------------------------------------- */
+
+/* Turn 1's text + its reply is exactly the head of turn 2's text, tool calls included; a
+ * completions string prompt continues with the completion's bytes; token prompts do not. */
+static void test_reply_appended_as_next_turn_frames_it(void **state)
+{
+    (void)state;
+    const char *t1 = "{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],"
+                     "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}";
+    const char *t2 = "{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],"
+                     "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},"
+                     "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"x\","
+                     "\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]},"
+                     "{\"role\":\"tool\",\"tool_call_id\":\"x\",\"content\":\"42\"}]}";
+    json_t *reply = parse("{\"role\":\"assistant\",\"content\":\"\",\"tool_calls\":[{\"function\":"
+                          "{\"name\":\"f\",\"arguments\":\"{}\"}}]}");
+    json_t *j1 = parse(t1);
+    kvr_buf b;
+    kvr_buf_init(&b, 0);
+    assert_int_equal(kvr_route_text_build(j1, KVR_ROUTE_CHAT, &b), 0);
+    assert_int_equal(kvr_route_text_append_reply(&b, KVR_ROUTE_CHAT, reply), 1);
+    size_t n2;
+    char *next = text_of(t2, KVR_ROUTE_CHAT, &n2);
+    assert_true(b.len < n2);
+    assert_memory_equal(b.data, next, b.len);
+    free(next);
+    kvr_buf_free(&b);
+    json_decref(j1);
+    json_decref(reply);
+    /* completions: string prompts only */
+    json_t *c1 = parse("{\"prompt\":\"Once upon\"}"), *c2 = parse("{\"prompt\":[1,2]}");
+    json_t *more = json_string(" a time");
+    kvr_buf_init(&b, 0);
+    kvr_route_text_build(c1, KVR_ROUTE_COMPLETIONS, &b);
+    assert_int_equal(kvr_route_text_append_reply(&b, KVR_ROUTE_COMPLETIONS, more), 1);
+    assert_int_equal(b.len, strlen("Once upon a time"));
+    assert_memory_equal(b.data, "Once upon a time", b.len);
+    kvr_buf_free(&b);
+    kvr_buf_init(&b, 0);
+    kvr_route_text_build(c2, KVR_ROUTE_COMPLETIONS, &b);
+    size_t before = b.len;
+    assert_int_equal(kvr_route_text_append_reply(&b, KVR_ROUTE_COMPLETIONS, more), 0);
+    assert_int_equal(b.len, before);
+    kvr_buf_free(&b);
+    json_decref(c1);
+    json_decref(c2);
+    json_decref(more);
+}
+
 /* ---- limits --------------------------------------------------------------------------- */
 
 static void test_text_cap_keeps_prefix(void **state)
@@ -713,6 +762,7 @@ int main(void)
         cmocka_unit_test(test_session_values),
         cmocka_unit_test(test_session_sources_config),
         cmocka_unit_test(test_text_cap_keeps_prefix),
+        cmocka_unit_test(test_reply_appended_as_next_turn_frames_it),
         cmocka_unit_test(test_malformed_never_crash),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <jansson.h>
 
 #include "proxy/usage.h"
 
@@ -144,6 +145,86 @@ static void test_fuzz_overlong_line_tail(void **state)
     }
 }
 
+/* Completion teaching reads the reply as the stream passes: text deltas joined, tool-call
+ * fragments joined by index, whatever the read boundaries. */
+static const char reply_sse[] =
+    "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"Hel\"}}]}\n\n"
+    "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"lo \\u00e9\"}}]}\n\n"
+    "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"c\","
+    "\"function\":{\"name\":\"get\",\"arguments\":\"{\\\"a\\\"\"}}]}}]}\n\n"
+    "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,"
+    "\"function\":{\"arguments\":\":1}\"}}]},\"finish_reason\":\"tool_calls\"}]}\n\n"
+    "data: [DONE]\n\n";
+
+static void test_reply_chat_sse_any_split(void **state)
+{
+    (void)state;
+    size_t n = strlen(reply_sse);
+    for (size_t step = 0; step <= n; step += 7) {
+        kvr_usage u;
+        kvr_usage_init(&u, 1, 1u << 20, 0);
+        kvr_usage_want_reply(&u, 1000);
+        for (size_t off = 0; off < n;) {
+            size_t k = step && n - off > step ? step : n - off;
+            kvr_usage_feed(&u, reply_sse + off, k);
+            off += k;
+        }
+        kvr_usage_finish(&u);
+        json_t *m = kvr_usage_reply(&u, 0);
+        assert_non_null(m);
+        assert_string_equal(json_string_value(json_object_get(m, "role")), "assistant");
+        assert_string_equal(json_string_value(json_object_get(m, "content")), "Hello \xc3\xa9");
+        json_t *fn = json_object_get(json_array_get(json_object_get(m, "tool_calls"), 0),
+                                     "function");
+        assert_string_equal(json_string_value(json_object_get(fn, "name")), "get");
+        assert_string_equal(json_string_value(json_object_get(fn, "arguments")), "{\"a\":1}");
+        json_decref(m);
+        kvr_usage_free(&u);
+    }
+}
+
+static void test_reply_json_forms_and_cap(void **state)
+{
+    (void)state;
+    const char *chat = "{\"choices\":[{\"message\":{\"role\":\"assistant\",\"content\":\"ok\","
+                       "\"tool_calls\":[]},\"finish_reason\":\"stop\"}]}";
+    const char *cmpl = "{\"choices\":[{\"text\":\" world\",\"finish_reason\":\"length\"}]}";
+    const char *resp = "{\"object\":\"response\",\"id\":\"resp_1\",\"output\":[{\"type\":"
+                       "\"message\",\"content\":[{\"type\":\"output_text\",\"text\":\"yes\"}]}]}";
+    kvr_usage u;
+    scan(&u, 0, 1u << 20, 0, chat, strlen(chat), 0); /* not asked: nothing */
+    assert_null(kvr_usage_reply(&u, 0));
+    kvr_usage_free(&u);
+    const char *bodies[] = {chat, cmpl, resp};
+    const char *want[] = {"ok", " world", "yes"};
+    for (int i = 0; i < 3; i++) {
+        kvr_usage_init(&u, 0, 1u << 20, 0);
+        kvr_usage_want_reply(&u, 100);
+        kvr_usage_feed(&u, bodies[i], strlen(bodies[i]));
+        kvr_usage_finish(&u);
+        json_t *r = kvr_usage_reply(&u, i == 1);
+        assert_non_null(r);
+        const char *got = json_string_value(i == 1 ? r : json_object_get(r, "content"));
+        assert_string_equal(got, want[i]);
+        json_decref(r);
+        kvr_usage_free(&u);
+    }
+    /* over the cap: no reply at all rather than a cut one */
+    kvr_usage_init(&u, 0, 1u << 20, 0);
+    kvr_usage_want_reply(&u, 1);
+    kvr_usage_feed(&u, chat, strlen(chat));
+    kvr_usage_finish(&u);
+    assert_null(kvr_usage_reply(&u, 0));
+    kvr_usage_free(&u);
+    /* a stream cut before its last event: incomplete, not taught */
+    kvr_usage_init(&u, 1, 1u << 20, 0);
+    kvr_usage_want_reply(&u, 1000);
+    kvr_usage_feed(&u, reply_sse, 60);
+    kvr_usage_finish(&u);
+    assert_null(kvr_usage_reply(&u, 0));
+    kvr_usage_free(&u);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -151,6 +232,8 @@ int main(void)
         cmocka_unit_test(test_json_usage_and_response_id),
         cmocka_unit_test(test_sse_response_id),
         cmocka_unit_test(test_fuzz_overlong_line_tail),
+        cmocka_unit_test(test_reply_chat_sse_any_split),
+        cmocka_unit_test(test_reply_json_forms_and_cap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
