@@ -580,6 +580,21 @@ int kvr_route_text_build(const json_t *body, kvr_route_kind kind, kvr_buf *out)
     return w.oom ? -1 : w.cut ? 1 : 0;
 }
 
+size_t kvr_route_text_preamble(const char *text, size_t len)
+{
+    static const char tag[] = {RS, 'u', 's', 'e', 'r'};
+    for (const char *p = text, *end = text + len;
+         (p = memmem(p, (size_t)(end - p), tag, sizeof(tag)));) {
+        const char *after = p + sizeof(tag);
+        p = after;
+        if (after < end && *after == GS)
+            return (size_t)(after - text); /* an empty user message */
+        if (after + 1 < end && *after == US)
+            return (size_t)(after + 2 - text); /* past its first field's letter */
+    }
+    return 0;
+}
+
 int kvr_route_text_append_reply(kvr_buf *text, kvr_route_kind kind, const json_t *reply)
 {
     writer w = {.b = text};

@@ -140,6 +140,12 @@ int kvr_route_keys_build(const json_t *body, kvr_route_kind kind, kvr_header_get
 /** The Responses API `previous_response_id` of `body` (a non-empty string), borrowed from the
  *  body (valid while it lives), length in `*len`; NULL when absent. The request must go to the
  *  worker that produced that response: it alone holds its state. */
+/** Bytes of routing text `text` (len bytes) before the first user message's own bytes: the
+ *  tools, the system prompt and the framing every conversation opening the same way shares.
+ *  A request whose best match stops there starts a new conversation rather than continuing or
+ *  repeating one. 0 when the text has no user record (completions, or no user message). */
+size_t kvr_route_text_preamble(const char *text, size_t len);
+
 /** Completion teaching: appends a worker's reply to the routing text `text` of the request
  *  it answered, exactly as the next turn will frame it (so the next turn's text starts with
  *  the result). Chat and Responses: `reply` is the assistant message ({"role": "assistant",

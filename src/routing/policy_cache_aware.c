@@ -1,11 +1,13 @@
 /* cache_aware policy: session map + prefix index per model. See policy_cache_aware.h. */
 #include "routing/policy_cache_aware.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "events/kvevents.h"
 #include "index/prefix_index.h"
+#include "routing/keys.h"
 #include "routing/policies.h"
 #include "util/rand.h"
 #include "util/time.h"
@@ -16,6 +18,11 @@
 #define DEFAULT_KV_BLOCK 16
 /* Block sizes kept hashed at once while scoring one request (fleets use one, rarely two). */
 #define MAX_BLOCK_SIZES 4
+/* New conversations are spread by how many each worker started lately: a worker may take one
+ * while its count is within this factor (+1) of the least busy's, as bounded-load hashing does
+ * with in-flight requests; the counts fade with the half-life below, following traffic. */
+#define START_SPREAD 1.25
+#define START_HALF_LIFE_MS 600000.0
 
 typedef struct ca_state {
     kvr_policy_cfg cfg;
@@ -27,9 +34,13 @@ typedef struct ca_state {
     int64_t *kv_seen;          /* by worker id: kv_tokens last turned into an index cap */
     size_t nkv;
     int precise;               /* the precise policy: exact workers scored by the KV index */
+    double *starts;            /* by worker id: new conversations started there (decaying) */
+    uint64_t *starts_ms;       /* ... when that count was last brought up to date */
+    size_t nstarts;
     double *ratio;             /* per-pick scratch: each worker's match ratio */
     size_t *kv_run;            /* ... its resident leading blocks (exact workers) */
     unsigned char *exact;      /* ... 1 when scored by the KV block index */
+    kvr_worker **spare;        /* ... a subset of the eligible workers */
     struct {                   /* the prompt's block keys, per block size */
         uint32_t bs;
         uint64_t *keys;
@@ -48,8 +59,11 @@ static void ca_destroy(void *self)
     free(s->matched);
     free(s->kv_seen);
     free(s->ratio);
+    free(s->starts);
+    free(s->starts_ms);
     free(s->kv_run);
     free(s->exact);
+    free(s->spare);
     for (int i = 0; i < MAX_BLOCK_SIZES; i++)
         free(s->kk[i].keys);
     free(s);
@@ -100,7 +114,10 @@ static int scratch(ca_state *s, size_t n)
     unsigned char *e = realloc(s->exact, n);
     if (e)
         s->exact = e;
-    if (!a || !b || !c || !d || !e)
+    kvr_worker **f = realloc(s->spare, n * sizeof(*f));
+    if (f)
+        s->spare = f;
+    if (!a || !b || !c || !d || !e || !f)
         return -1;
     s->nscratch = n;
     return 0;
@@ -179,6 +196,54 @@ static int overloaded(const ca_state *s, const kvr_worker *w, int64_t min_load)
            load > min * s->cfg.balance_rel_threshold;
 }
 
+/* New conversations started on worker `id`, decayed to `now` (0 when unknown). */
+static double starts_of(const ca_state *s, size_t id, uint64_t now)
+{
+    if (id >= s->nstarts || !s->starts[id])
+        return 0;
+    return s->starts[id] * exp2(-(double)(now - s->starts_ms[id]) / START_HALF_LIFE_MS);
+}
+
+static void count_start(ca_state *s, size_t id, uint64_t now)
+{
+    if (id >= s->nstarts) {
+        size_t n = s->nstarts ? s->nstarts : 16;
+        while (n <= id)
+            n *= 2;
+        double *a = realloc(s->starts, n * sizeof(*a));
+        if (a)
+            s->starts = a;
+        uint64_t *b = realloc(s->starts_ms, n * sizeof(*b));
+        if (b)
+            s->starts_ms = b;
+        if (!a || !b)
+            return;
+        memset(a + s->nstarts, 0, (n - s->nstarts) * sizeof(*a));
+        memset(b + s->nstarts, 0, (n - s->nstarts) * sizeof(*b));
+        s->nstarts = n;
+    }
+    s->starts[id] = starts_of(s, id, now) + 1;
+    s->starts_ms[id] = now;
+}
+
+/* Whether a request starts a new conversation: its best match stops before its first user
+ * message's own bytes, within what every conversation opening the same way shares (tools,
+ * system prompt). Such requests must not all pile onto the first worker that cached that
+ * preamble (issue 14: 169 of 431 requests on one of 4 workers). */
+static int new_conversation(const kvr_route_keys *k, double best_ratio, const ca_state *s,
+                            kvr_worker *const *el, size_t n)
+{
+    if (!k || !k->text_len)
+        return 0;
+    /* A worker holding every full block of the prompt has seen this very request: a repeat
+     * (token ratios never reach 1: the partial last block is not cached). */
+    for (size_t i = 0; i < n && k->ntokens; i++)
+        if (s->exact[i] && (s->kv_run[i] + 1) * worker_block_size(s, el[i]->id) > k->ntokens)
+            return 0;
+    size_t pre = kvr_route_text_preamble(k->text, k->text_len);
+    return pre && best_ratio * (double)k->text_len <= (double)pre;
+}
+
 /* Fills the pick for eligible worker `i`: what was predicted about its cache, for the
  * x-kvroute-index header and the prediction-error metrics. */
 static int chose(ca_state *s, kvr_worker *const *el, size_t i, const kvr_route_keys *k,
@@ -247,7 +312,7 @@ static int decide(ca_state *s, kvr_worker *const *el, size_t n, const kvr_route_
                 .index = s->exact[i] ? "exact" : "approximate",
             };
 
-    int refused = 0;
+    int refused = 0, spread = 0;
     /* 1. Exact session affinity. */
     if (has_owner) {
         for (size_t i = 0; i < n; i++) {
@@ -261,28 +326,58 @@ static int decide(ca_state *s, kvr_worker *const *el, size_t n, const kvr_route_
             break;
         }
     }
-    /* 2. Prefix affinity: the best match, ties at random among those not overloaded; an
-     *    exact worker's match is resident blocks (kv_match), another's the prefix index's. */
-    if (best > 0 && best >= s->cfg.cache_threshold) {
+    /* 2. A new conversation (its best match stops within the preamble every conversation
+     *    shares) may not go to a worker that started many more conversations lately than the
+     *    least busy one: a shared system prompt is worth one prefill per worker, not a pile-up
+     *    on the first worker that cached it. Such workers leave the prefix step below. */
+    if (!has_owner && new_conversation(k, best, s, el, n)) {
+        uint64_t now = kvr_now_ms();
+        double least = HUGE_VAL;
+        for (size_t i = 0; i < n; i++)
+            if (starts_of(s, el[i]->id, now) < least)
+                least = starts_of(s, el[i]->id, now);
+        for (size_t i = 0; i < n; i++)
+            if (starts_of(s, el[i]->id, now) > least * START_SPREAD + 1) {
+                s->ratio[i] = -1;
+                spread = 1;
+            }
+    }
+    /* 3. Prefix affinity: the best match among workers not overloaded, ties to the least
+     *    loaded (then at random); an exact worker's match is resident blocks (kv_match),
+     *    another's the prefix index's. */
+    double top = 0;
+    for (size_t i = 0; i < n; i++)
+        if (s->ratio[i] > top && !overloaded(s, el[i], min_load))
+            top = s->ratio[i];
+    if (top < best && !spread)
+        refused = 1;
+    if (top > 0 && top >= s->cfg.cache_threshold) {
         size_t pick = n;
         uint64_t ties = 0;
         for (size_t i = 0; i < n; i++) {
-            if (s->ratio[i] != best)
+            if (s->ratio[i] != top || overloaded(s, el[i], min_load))
                 continue;
-            if (overloaded(s, el[i], min_load)) {
-                refused = 1;
-                continue;
-            }
-            if (kvr_rand_below(++ties) == 0)
+            if (pick == n || el[i]->inflight < el[pick]->inflight) {
                 pick = i;
+                ties = 1;
+            } else if (el[i]->inflight == el[pick]->inflight && kvr_rand_below(++ties) == 0) {
+                pick = i;
+            }
         }
-        if (pick < n) {
-            out->decision = s->exact[pick] ? "kv_match" : "prefix_match";
-            return chose(s, el, pick, k, out);
-        }
+        out->decision = s->exact[pick] ? "kv_match" : "prefix_match";
+        return chose(s, el, pick, k, out);
     }
-    /* 3. Least load. */
-    kvr_worker *least = kvr_policy_least_loaded(el, n);
+    /* 4. Least load (a new conversation: among workers that may start one). */
+    kvr_worker *least = NULL;
+    if (spread) {
+        size_t k2 = 0;
+        for (size_t i = 0; i < n; i++)
+            if (s->ratio[i] >= 0)
+                s->spare[k2++] = el[i];
+        least = k2 ? kvr_policy_least_loaded(s->spare, k2) : NULL;
+    }
+    if (!least)
+        least = kvr_policy_least_loaded(el, n);
     out->decision = refused ? "load_balance"
                     : !tlen && !any_exact ? "empty_key_min_load"
                                           : "low_match_min_load";
@@ -400,9 +495,28 @@ static int ca_retune(void *self, const kvr_policy_cfg *cfg)
 /* precise: the prompt's blocks count as resident on the worker it was just sent to, until an
  * event settles them or --kv-speculative-ms passes (llm-d's speculative indexing), so a burst
  * sharing a new prefix is not scattered while the worker's events are in flight. */
+static void precise_sent(void *self, kvr_worker *w, const kvr_route_keys *k);
+
+/* An attempt left for `w`: a request that starts a conversation counts for the spread of new
+ * conversations (precise also records its blocks as speculative there). */
+static void ca_sent(void *self, kvr_worker *w, const kvr_route_keys *k)
+{
+    ca_state *s = self;
+    uint64_t now = kvr_now_ms();
+    size_t owner, matched = 0, id = w->id;
+    if (!k || !k->text_len ||
+        (k->session_len && kvr_session_map_get(s->sessions, k->session, k->session_len, now,
+                                               &owner) == 1))
+        return;
+    kvr_prefix_index_match(s->index, k->text, k->text_len, &id, 1, &matched);
+    if (new_conversation(k, (double)matched / (double)k->text_len, s, NULL, 0))
+        count_start(s, w->id, now);
+}
+
 static void precise_sent(void *self, kvr_worker *w, const kvr_route_keys *k)
 {
     ca_state *s = self;
+    ca_sent(self, w, k);
     if (!s->cfg.kv || !k || !k->tokens || !k->ntokens ||
         kvr_kv_events_trust(s->cfg.kv, w->id) == KVR_KV_FALLBACK)
         return;
@@ -453,4 +567,5 @@ const kvr_policy_ops kvr_policy_cache_aware = {
     .worker_stats = kvr_cache_aware_worker_stats_get,
     .sweep = kvr_cache_aware_sweep,
     .retune = ca_retune,
+    .sent = ca_sent,
 };

@@ -1154,3 +1154,28 @@ def test_completion_teaching_follow_up_without_session_id(sim_factory, kvroute, 
     c0 = clients(kv0)
     c0.chat(msgs, max_tokens=200, **extra)
     assert c0.chat(msgs2).match < 0.9
+
+
+# ============================================================================ even load
+def test_new_conversations_sharing_a_system_prompt_spread(sim_factory, kvroute, clients):
+    """Conversations that open with the same long system prompt: each new one matches that
+    prompt on the first worker that cached it, but they must not all pile onto it; their
+    follow-ups still stay where they started."""
+    sims, kv = sims_kv(sim_factory, kvroute, 4)
+    c = clients(kv)
+    system = {"role": "system", "content": " ".join("policy%d" % i for i in range(600))}
+    first = {}
+    for conv in range(20):  # one at a time: in-flight load never tells them apart
+        msgs = [system, {"role": "user", "content": "conversation %d asks %s" % (
+            conv, unique_text(conv, "q"))}]
+        r = c.chat(msgs, max_tokens=8)
+        first[conv] = (msgs, r)
+    counts = {}
+    for _, r in first.values():
+        counts[r.worker] = counts.get(r.worker, 0) + 1
+    assert max(counts.values()) <= 7 and len(counts) == 4, counts
+    for conv, (msgs, r) in first.items():  # turn 2, no session id: back to its worker
+        reply = r.json()["choices"][0]["message"]["content"]
+        r2 = c.chat(msgs + [{"role": "assistant", "content": reply},
+                            {"role": "user", "content": "thanks"}])
+        assert r2.worker == r.worker and r2.decision == "prefix_match", (conv, r, r2)
