@@ -301,11 +301,12 @@ static void dbg_answer(dbg *d)
     }
     json_t *rows = json_array();
     for (size_t i = 0; i < n; i++) {
-        json_t *row = json_pack("{s:s,s:s,s:f,s:I,s:I,s:b,s:b,s:s?}", "url", ex[i].worker->url,
-                                "name", ex[i].worker->name, "match", ex[i].match,
-                                "matched_bytes", (json_int_t)ex[i].matched_bytes, "inflight",
-                                (json_int_t)ex[i].inflight, "overloaded", ex[i].overloaded,
-                                "session_owner", ex[i].session_owner, "index", ex[i].index);
+        json_t *row = json_pack("{s:s,s:s,s:f,s:I,s:I,s:b,s:b,s:s?,s:f}", "url",
+                                ex[i].worker->url, "name", ex[i].worker->name, "match",
+                                ex[i].match, "matched_bytes", (json_int_t)ex[i].matched_bytes,
+                                "inflight", (json_int_t)ex[i].inflight, "overloaded",
+                                ex[i].overloaded, "session_owner", ex[i].session_owner, "index",
+                                ex[i].index, "weight", ex[i].weight);
         if (ex[i].trust) {
             json_object_set_new(row, "kv_events", json_string(ex[i].trust));
             json_object_set_new(row, "kv_blocks", json_integer((json_int_t)ex[i].kv_blocks));

@@ -48,6 +48,7 @@ static void refresh_index(kvr_app *app)
         kvr_metric_set(app->m.index_blocks, lv, (double)st.index_blocks);
         kvr_metric_set(app->m.index_evictions, lv, (double)st.index_evictions);
         kvr_metric_set(app->m.sessions, lv, (double)st.sessions);
+        kvr_metric_set(app->m.hash_overflows, lv, (double)st.hash_overflows);
         for (int r = 0; r < KVR_SESSION_EVICT_NREASONS; r++) {
             const char *lr[] = {rt->name,
                                 kvr_session_evict_reason_name((kvr_session_evict_reason)r)};
@@ -169,6 +170,10 @@ void kvr_app_metrics_init(kvr_app *app)
     m->index_evictions = kvr_metrics_counter(r, "kvroute_index_evictions_total",
                                              "Prefix index entries evicted by the caps", 1, mo);
     m->sessions = kvr_metrics_gauge(r, "kvroute_sessions", "Live session map entries", 1, mo);
+    m->hash_overflows = kvr_metrics_counter(r, "kvroute_hash_overflows_total",
+                                            "consistent_hash/rendezvous_hash picks that passed "
+                                            "over the key's owner at its load bound",
+                                            1, mo);
     const char *mr[] = {"model", "reason"};
     m->session_evictions = kvr_metrics_counter(r, "kvroute_session_evictions_total",
                                                "Session map entries dropped, by reason", 2, mr);

@@ -32,6 +32,7 @@ typedef struct kvr_app_metrics {
     kvr_metric *index_blocks;      /**< kvroute_index_blocks{model} */
     kvr_metric *index_evictions;   /**< kvroute_index_evictions_total{model} */
     kvr_metric *sessions;          /**< kvroute_sessions{model} */
+    kvr_metric *hash_overflows;    /**< kvroute_hash_overflows_total{model} */
     kvr_metric *session_evictions; /**< kvroute_session_evictions_total{model,reason} */
     kvr_metric *queue;             /**< kvroute_worker_queue{worker} (scraped) */
     kvr_metric *kv_usage;          /**< kvroute_worker_kv_usage{worker} (scraped) */

@@ -32,7 +32,10 @@ static int set_kv_events(void *target, const kvr_flag *f, const char *v, char *e
     X("max-index-blocks", SIZE, p.max_index_blocks, 1, 1e10,                                  \
       "global cap on distinct prefix index blocks")                                           \
     X("worker-index-blocks", SIZE, p.worker_index_blocks, 0, 1e10,                            \
-      "per-worker index blocks (0 = from KV capacity, else global cap)")
+      "per-worker index blocks (0 = from KV capacity, else global cap)")                     \
+    X("hash-load-factor", DOUBLE, p.hash_load_factor, 0, 1e6,                                 \
+      "consistent_hash/rendezvous_hash bounded loads: a worker holds at most this times its "  \
+      "share of the in-flight requests (0 = unbounded)")
 
 #define ROUTE_ROW(n, t, field, lo, hi, h)                                                     \
     {.name = n, .type = KVR_FLAG_##t, .off = offsetof(kvr_route_cfg, field), .min = lo,       \

@@ -2,6 +2,7 @@
  * change rarely, so add/remove rebuild the array and lookups binary-search it. */
 #include "routing/hashring.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
@@ -14,6 +15,7 @@ typedef struct point {
 typedef struct member {
     size_t id;
     char *url;
+    unsigned vnodes;
     int used;
 } member;
 
@@ -71,6 +73,13 @@ uint64_t kvr_rendezvous_score(uint64_t key_hash, const char *url, size_t url_len
     return XXH3_64bits_withSeed(url, url_len, key_hash);
 }
 
+double kvr_rendezvous_weighted(uint64_t score, double weight)
+{
+    /* The top 53 bits, centred in their interval: u is never 0 nor 1, so ln(u) < 0. */
+    double u = ((double)(score >> 11) + 0.5) * 0x1p-53;
+    return -weight / log(u);
+}
+
 static const kvr_hashring *sort_ring; /* qsort has no context argument; single-threaded */
 
 static int point_cmp(const void *a, const void *b)
@@ -94,6 +103,20 @@ int kvr_hashring_has(const kvr_hashring *r, size_t id, const char *url)
 {
     long i = find_member(r, id);
     return i >= 0 && strcmp(r->m[i].url, url) == 0;
+}
+
+unsigned kvr_hashring_member_vnodes(const kvr_hashring *r, size_t id)
+{
+    long i = find_member(r, id);
+    return i >= 0 ? r->m[i].vnodes : 0;
+}
+
+unsigned kvr_hashring_vnodes_for(double weight)
+{
+    double v = weight * KVR_HASHRING_VNODES + 0.5;
+    if (!(v >= 1)) /* also NaN */
+        return 1;
+    return v >= KVR_HASHRING_MAX_VNODES ? KVR_HASHRING_MAX_VNODES : (unsigned)v;
 }
 
 size_t kvr_hashring_workers(const kvr_hashring *r)
@@ -120,11 +143,18 @@ int kvr_hashring_remove(kvr_hashring *r, size_t id)
 
 int kvr_hashring_add(kvr_hashring *r, size_t id, const char *url)
 {
-    if (kvr_hashring_has(r, id, url))
+    return kvr_hashring_add_vnodes(r, id, url, r->vnodes);
+}
+
+int kvr_hashring_add_vnodes(kvr_hashring *r, size_t id, const char *url, unsigned vnodes)
+{
+    if (!vnodes)
+        return -1;
+    if (kvr_hashring_has(r, id, url) && kvr_hashring_member_vnodes(r, id) == vnodes)
         return 0;
     kvr_hashring_remove(r, id);
     char *u = strdup(url);
-    point *pts = realloc(r->pts, (r->npts + r->vnodes) * sizeof(*pts));
+    point *pts = realloc(r->pts, (r->npts + vnodes) * sizeof(*pts));
     if (!u || !pts) {
         free(u);
         if (pts)
@@ -145,10 +175,10 @@ int kvr_hashring_add(kvr_hashring *r, size_t id, const char *url)
         r->m = m;
         r->nm++;
     }
-    r->m[slot] = (member){.id = id, .url = u, .used = 1};
+    r->m[slot] = (member){.id = id, .url = u, .vnodes = vnodes, .used = 1};
     r->nused++;
     size_t len = strlen(url);
-    for (unsigned i = 0; i < r->vnodes; i++)
+    for (unsigned i = 0; i < vnodes; i++)
         r->pts[r->npts++] = (point){.pos = XXH3_64bits_withSeed(url, len, i), .w = (uint32_t)slot};
     sort_ring = r;
     qsort(r->pts, r->npts, sizeof(*r->pts), point_cmp);

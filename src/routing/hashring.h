@@ -1,9 +1,12 @@
 /* Consistent-hash ring and rendezvous scoring for the hash policies (DESIGN §7, §10).
  *
  * Ring: each worker owns `vnodes` points (160 by default, as vLLM router's consistent_hash
- * does); point i of a worker is XXH3-64(worker URL, seed = i), so positions depend only on the
- * URL as configured and every router instance computes the same ring. A key belongs to the first
- * point at or after its hash, clockwise (wrapping). A worker that may not take the request is
+ * does; the policy gives a target of weight w round(160 × w) points, at least 1, so its share
+ * of the keys follows its weight); point i of a worker is XXH3-64(worker URL, seed = i), so
+ * positions depend only on the URL (and weight) as configured and every router instance
+ * computes the same ring. A weight change keeps the points the worker had (seeds 0..), adding
+ * or dropping only the difference, so only keys moving to or from that worker move. A key
+ * belongs to the first point at or after its hash, clockwise (wrapping). A worker that may not take the request is
  * skipped, passing the key to the next distinct worker clockwise — the same owner a ring built
  * without that worker would give — so adding or removing one of N workers moves ~1/N of the
  * keys and no others.
@@ -18,8 +21,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/** Virtual nodes per worker on the consistent_hash ring. */
+/** Virtual nodes per unit of weight on the consistent_hash ring. */
 #define KVR_HASHRING_VNODES 160
+/** Cap on one worker's points (weight 100): weights beyond count as 100, so a typo'd weight
+ *  cannot make the ring eat the heap. */
+#define KVR_HASHRING_MAX_VNODES 16000
 
 typedef struct kvr_hashring kvr_hashring;
 
@@ -31,6 +37,14 @@ void kvr_hashring_destroy(kvr_hashring *r);
  *  the ring with the same URL this is a no-op; with another URL it is replaced. O(points log
  *  points). Returns 0, or -1 out of memory (ring unchanged). */
 int kvr_hashring_add(kvr_hashring *r, size_t id, const char *url);
+/** As kvr_hashring_add with `vnodes` (>= 1) points for this worker instead of the ring's
+ *  default; re-adding it with another count replaces its points. */
+int kvr_hashring_add_vnodes(kvr_hashring *r, size_t id, const char *url, unsigned vnodes);
+/** Points of a target of weight `weight`: round(KVR_HASHRING_VNODES × weight), clamped to
+ *  [1, KVR_HASHRING_MAX_VNODES]. */
+unsigned kvr_hashring_vnodes_for(double weight);
+/** Points worker `id` has on the ring (0 when it is not on it). */
+unsigned kvr_hashring_member_vnodes(const kvr_hashring *r, size_t id);
 /** Removes worker `id`'s points. Returns 1 if it was on the ring. */
 int kvr_hashring_remove(kvr_hashring *r, size_t id);
 /** 1 if worker `id` is on the ring with exactly this URL. */
@@ -49,6 +63,10 @@ int kvr_hashring_lookup(const kvr_hashring *r, uint64_t key_hash, kvr_hashring_o
 
 /** Rendezvous score of a worker URL (`url_len` bytes) for `key_hash`. */
 uint64_t kvr_rendezvous_score(uint64_t key_hash, const char *url, size_t url_len);
+/** Weighted rendezvous score (weighted HRW, Schindelhauer & Schomaker): -weight / ln(u), u the
+ *  score mapped into (0, 1). A worker then owns a key with probability weight / total weight,
+ *  and removing a worker still moves only its own keys. */
+double kvr_rendezvous_weighted(uint64_t score, double weight);
 
 /** Hash of a routing key (session key bytes, or the first block of the routing text). */
 uint64_t kvr_hash_key(const void *key, size_t len);

@@ -3,19 +3,24 @@
 #define KVR_ROUTING_POLICIES_H
 #include "routing/policy.h"
 
-/** Simple policies (src/routing/policy_simple.c); their decision label is their name. */
-extern const kvr_policy_ops kvr_policy_round_robin; /**< next eligible worker in turn */
-extern const kvr_policy_ops kvr_policy_random;      /**< uniform among eligible */
-extern const kvr_policy_ops kvr_policy_least_load;  /**< fewest in-flight, random ties */
-extern const kvr_policy_ops kvr_policy_power_of_two; /**< less loaded of two random picks */
+/** Simple policies (src/routing/policy_simple.c); their decision label is their name. Each
+ *  reads the target weights (kvr_route_keys.weights); equal weights behave as none. */
+extern const kvr_policy_ops kvr_policy_round_robin; /**< smooth weighted round robin (nginx) */
+extern const kvr_policy_ops kvr_policy_random;      /**< in proportion to the weights */
+extern const kvr_policy_ops kvr_policy_least_load;  /**< least in-flight / weight, random ties */
+extern const kvr_policy_ops kvr_policy_power_of_two; /**< of two random picks, the one with less
+                                                          in-flight / weight */
 
 /** Key-based policies (one file each under src/routing/).
- *  consistent_hash: ring of 160 virtual nodes per worker keyed by the worker URL (XXH3); key =
- *  session key, else the first block of the routing text, else a random eligible worker; an
- *  ineligible owner passes the key to the next distinct worker clockwise. Label
- *  "consistent_hash", match -1.
- *  rendezvous_hash: the eligible worker with the highest XXH3(URL, seed = key hash), same key
- *  rule. Label "rendezvous_hash", match -1.
+ *  consistent_hash: ring of round(160 × target weight) virtual nodes per worker keyed by the
+ *  worker URL (XXH3); key = session key, else the first block of the routing text, else a
+ *  weighted-random eligible worker; an ineligible owner, or one at its load bound
+ *  (hash_load_factor, kvr_load_bound), passes the key to the next distinct worker clockwise.
+ *  Label "consistent_hash", match -1.
+ *  rendezvous_hash: the eligible worker with the highest XXH3(URL, seed = key hash), weighted
+ *  HRW with unequal weights, same key rule; one at its load bound passes the key to the next
+ *  in score order. Label "rendezvous_hash", match -1.
+ *  Both count the picks that passed over the key's owner for its load (stats.hash_overflows).
  *  cache_aware: session map + prefix index, decision procedure of DESIGN §7; extra accessors
  *  (metrics, /workers, /debug/route) in routing/policy_cache_aware.h. */
 extern const kvr_policy_ops kvr_policy_consistent_hash;

@@ -1,6 +1,7 @@
 /* Policy registry and helpers shared by the policies. */
 #include "routing/policy.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "routing/policies.h"
@@ -16,6 +17,7 @@ void kvr_policy_cfg_default(kvr_policy_cfg *c)
     c->block_bytes = 64;
     c->max_index_blocks = 4000000;
     c->worker_index_blocks = 0;
+    c->hash_load_factor = 1.25;
 }
 
 static const kvr_policy_ops *const all[] = {
@@ -48,17 +50,85 @@ const char *kvr_policy_names(void)
 
 kvr_worker *kvr_policy_least_loaded(kvr_worker *const *eligible, size_t n)
 {
-    /* Reservoir sampling over the minimum so ties are uniform, never by list order. */
+    return kvr_policy_least_loaded_w(eligible, NULL, n);
+}
+
+kvr_worker *kvr_policy_least_loaded_w(kvr_worker *const *eligible, const double *weights,
+                                      size_t n)
+{
+    /* Reservoir sampling over the minimum so ties are uniform, never by list order. Loads are
+     * compared as cross products (a / wa < b / wb ⇔ a·wb < b·wa): exact for equal weights. */
     kvr_worker *best = NULL;
+    double bw = 1;
     uint64_t ties = 0;
     for (size_t i = 0; i < n; i++) {
         kvr_worker *w = eligible[i];
-        if (!best || w->inflight < best->inflight) {
+        double ww = weights ? weights[i] : 1;
+        double a = (double)w->inflight * bw, b = best ? (double)best->inflight * ww : 0;
+        if (!best || a < b) {
             best = w;
+            bw = ww;
             ties = 1;
-        } else if (w->inflight == best->inflight && kvr_rand_below(++ties) == 0) {
+        } else if (a == b && kvr_rand_below(++ties) == 0) {
             best = w;
+            bw = ww;
         }
     }
     return best;
+}
+
+double kvr_policy_weight(const kvr_route_keys *k, size_t i)
+{
+    return k && k->weights ? k->weights[i] : 1;
+}
+
+const double *kvr_policy_weights(const kvr_route_keys *k, size_t n)
+{
+    if (!k || !k->weights)
+        return NULL;
+    for (size_t i = 1; i < n; i++)
+        if (k->weights[i] != k->weights[0])
+            return k->weights;
+    return NULL;
+}
+
+size_t kvr_policy_weighted_index(const double *weights, size_t n)
+{
+    if (!weights)
+        return (size_t)kvr_rand_below(n);
+    double total = 0;
+    for (size_t i = 0; i < n; i++)
+        total += weights[i];
+    double u = kvr_rand_double() * total;
+    for (size_t i = 0; i < n; i++) {
+        if (u < weights[i])
+            return i;
+        u -= weights[i];
+    }
+    return n - 1; /* rounding left u at the very end */
+}
+
+kvr_load_bound kvr_load_bound_make(kvr_worker *const *eligible, size_t n, const kvr_route_keys *k,
+                                   double factor)
+{
+    kvr_load_bound b = {0};
+    if (!(factor > 0) || !n)
+        return b;
+    double total = 0, wsum = 0;
+    for (size_t i = 0; i < n; i++) {
+        total += (double)(eligible[i]->inflight > 0 ? eligible[i]->inflight : 0);
+        wsum += kvr_policy_weight(k, i);
+    }
+    b.scale = factor * (total + 1) / wsum;
+    return b;
+}
+
+int kvr_load_bound_over(const kvr_load_bound *b, const kvr_worker *w, double weight)
+{
+    if (!(b->scale > 0))
+        return 0;
+    /* The epsilon keeps an exact integer bound (1.25 × 16 / 4 = 5) from rounding up to 6 when
+     * the weight share is not exactly representable. */
+    double cap = ceil(b->scale * weight - 1e-9);
+    return (double)w->inflight + 1 > cap;
 }

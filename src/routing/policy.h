@@ -17,6 +17,12 @@ typedef struct kvr_route_keys {
     const uint32_t *tokens; /**< the prompt's token ids as the engine caches them (precise
                                  policy, proxy/tokenize.h), NULL when unknown */
     size_t ntokens;
+    /** Weights of the eligible workers (their route targets' weights), parallel to the
+     *  `eligible` array of the same pick/explain call; NULL = all equal. The route fills it on
+     *  its own copy of the keys: the weight belongs to the route target, not the worker (one
+     *  worker may have other weights in other routes), and the eligible set changes per call
+     *  (exclusions on retry), so it travels with the call rather than living in the policy. */
+    const double *weights;
 } kvr_route_keys;
 
 /** A policy's answer. */
@@ -45,6 +51,9 @@ typedef struct kvr_policy_cfg {
     size_t block_bytes;            /**< prefix index block size in bytes (64) */
     size_t max_index_blocks;       /**< global cap on distinct block keys (4,000,000) */
     size_t worker_index_blocks;    /**< per-worker cap, 0 = from KV capacity / global cap */
+    double hash_load_factor;       /**< consistent_hash / rendezvous_hash bounded loads: a
+                                        worker may hold at most ceil(this × (in-flight over
+                                        eligible + 1) × its weight share) (1.25); 0 = unbounded */
     struct kvr_kv_events *kv;      /**< the KV events and KV block index (borrowed from the app;
                                         precise reads it), NULL = none */
 } kvr_policy_cfg;
@@ -53,8 +62,9 @@ void kvr_policy_cfg_default(kvr_policy_cfg *c);
 typedef struct kvr_policy kvr_policy;
 
 /** Counters of one policy instance (one route), for kvroute_index_blocks{model},
- *  kvroute_index_evictions_total{model}, kvroute_sessions{model} and
- *  kvroute_session_evictions_total{model,reason} (reason: kvr_session_evict_reason_name()).
+ *  kvroute_index_evictions_total{model}, kvroute_sessions{model},
+ *  kvroute_session_evictions_total{model,reason} (reason: kvr_session_evict_reason_name())
+ *  and kvroute_hash_overflows_total{model}.
  *  Zero for policies that learn nothing. */
 typedef struct kvr_policy_stats {
     size_t index_blocks;                                      /**< distinct block keys */
@@ -62,6 +72,8 @@ typedef struct kvr_policy_stats {
     size_t sessions;                                          /**< live session entries */
     uint64_t session_evictions[KVR_SESSION_EVICT_NREASONS];   /**< by reason */
     size_t memory_bytes;                                      /**< index + session map */
+    uint64_t hash_overflows;   /**< hash policies: picks that passed over the key's owner
+                                    because it was at its load bound */
 } kvr_policy_stats;
 
 /** What one instance learned about one worker, for GET /workers and /routes. */
@@ -78,12 +90,14 @@ typedef struct kvr_explain_row {
     double match;              /**< matched_bytes / text bytes; -1 without routing text or
                                     when the policy does not match prefixes */
     int64_t inflight;          /**< its load at decision time */
-    int overloaded;            /**< 1 when the overload gate refuses it */
+    int overloaded;            /**< 1 when the overload gate refuses it (hash policies: it is
+                                    at its load bound) */
     int session_owner;         /**< 1 when the request's session key is bound to it */
     size_t kv_blocks;          /**< precise: leading blocks of the prompt resident on it per
                                     the KV block index (its trust state aside) */
     const char *trust;         /**< precise: its KV-event trust state ("exact", …), else NULL */
     const char *index;         /**< which index scored it ("exact"/"approximate"), or NULL */
+    double weight;             /**< its target weight (filled by the route, not the policy) */
 } kvr_explain_row;
 
 /** Operations of a policy. Only `name`, `create`, `pick` and `destroy` are mandatory. */
@@ -135,5 +149,33 @@ const char *kvr_policy_names(void);
 /** Helper for policies: the eligible worker with the fewest in-flight requests, ties broken
  *  uniformly at random (never by list order). `n` >= 1. */
 kvr_worker *kvr_policy_least_loaded(kvr_worker *const *eligible, size_t n);
+/** As kvr_policy_least_loaded comparing in-flight / weight (`weights` parallel to `eligible`,
+ *  NULL = equal), so under load requests settle in proportion to the weights. */
+kvr_worker *kvr_policy_least_loaded_w(kvr_worker *const *eligible, const double *weights,
+                                      size_t n);
+/** Weight of eligible worker `i` for a call with keys `k` (1 when none were given). */
+double kvr_policy_weight(const kvr_route_keys *k, size_t i);
+/** The keys' weights when they differ, else NULL: with equal weights random, least_load,
+ *  power_of_two and rendezvous_hash keep their unweighted arithmetic, so exactly their
+ *  unweighted picks (and random draws). */
+const double *kvr_policy_weights(const kvr_route_keys *k, size_t n);
+/** Index of an eligible worker drawn with probability proportional to its weight (`weights`
+ *  NULL = uniform, one kvr_rand_below(n) draw). `n` >= 1. */
+size_t kvr_policy_weighted_index(const double *weights, size_t n);
+
+/** Bounded loads (consistent hashing with bounded loads, Mirrokni et al. 2016): a worker may
+ *  take one more request while in-flight + 1 <= ceil(factor × (T + 1) × w / W), T the
+ *  in-flight over the `n` eligible workers, w its weight and W theirs summed (w / W = 1 / n with
+ *  equal weights). Factor >= 1 guarantees some worker is under its bound. */
+typedef struct kvr_load_bound {
+    double scale;              /**< factor × (T + 1) / W; 0 = unbounded */
+} kvr_load_bound;
+/** The bound for this eligible set, weights from `k` (kvr_policy_weight); factor 0 =
+ *  unbounded. */
+kvr_load_bound kvr_load_bound_make(kvr_worker *const *eligible, size_t n, const kvr_route_keys *k,
+                                   double factor);
+/** 1 when `w` (weight `weight`, kvr_policy_weight of the same keys) is at its bound and must
+ *  be passed over. */
+int kvr_load_bound_over(const kvr_load_bound *b, const kvr_worker *w, double weight);
 
 #endif

@@ -76,6 +76,7 @@ static void route_free(kvr_route *r)
     free(r->aliases);
     free(r->targets);
     free(r->scratch);
+    free(r->scratch_weights);
     free(r->rows);
     free(r->name);
     state_unref(r->state);
@@ -95,8 +96,9 @@ kvr_route *kvr_route_new(const kvr_route_def *d, kvr_route *prev)
     r->aliases = calloc(d->naliases ? d->naliases : 1, sizeof(*r->aliases));
     r->targets = calloc(nt, sizeof(*r->targets));
     r->scratch = calloc(nt, sizeof(*r->scratch));
+    r->scratch_weights = calloc(nt, sizeof(*r->scratch_weights));
     r->rows = calloc(nt, sizeof(*r->rows));
-    int ok = r->name && r->aliases && r->targets && r->scratch && r->rows;
+    int ok = r->name && r->aliases && r->targets && r->scratch && r->scratch_weights && r->rows;
     for (size_t i = 0; ok && i < d->naliases; i++)
         ok = (r->aliases[r->naliases++] = strdup(d->aliases[i])) != NULL;
     for (size_t i = 0; ok && i < d->ntargets; i++) {
@@ -165,14 +167,27 @@ static int excluded(const kvr_worker *w, const size_t *ex, size_t nex)
     return 0;
 }
 
-/* The eligible, non-excluded workers into r->scratch; returns how many. */
+/* The eligible, non-excluded workers into r->scratch and their weights into
+ * r->scratch_weights; returns how many. */
 static size_t candidates(kvr_route *r, const size_t *ex, size_t nex)
 {
-    size_t n = kvr_route_eligible(r, r->scratch), k = 0;
-    for (size_t i = 0; i < n; i++)
-        if (!excluded(r->scratch[i], ex, nex))
-            r->scratch[k++] = r->scratch[i];
+    size_t k = 0;
+    for (size_t i = 0; i < r->ntargets; i++) {
+        kvr_worker *w = r->targets[i].worker;
+        if (kvr_worker_eligible(w) && !excluded(w, ex, nex)) {
+            r->scratch_weights[k] = r->targets[i].weight;
+            r->scratch[k++] = w;
+        }
+    }
     return k;
+}
+
+/* The policy's view of the keys: the request's, plus the candidates' weights. */
+static kvr_route_keys with_weights(const kvr_route *r, const kvr_route_keys *k)
+{
+    kvr_route_keys kw = k ? *k : (kvr_route_keys){0};
+    kw.weights = r->scratch_weights;
+    return kw;
 }
 
 /* A Responses API continuation goes where its stored response lives (exact identity). */
@@ -200,8 +215,9 @@ int kvr_route_pick(kvr_route *r, const size_t *exclude, size_t nex, const kvr_ro
     if (n == 0)
         return -1;
     *out = (kvr_pick){.match = -1, .chosen_match = -1, .predicted_tokens = -1};
+    kvr_route_keys kw = with_weights(r, k);
     if (!pinned(r, n, pin, pin_len, out) &&
-        r->ops->pick(r->state->policy, r->scratch, n, k, out) < 0)
+        r->ops->pick(r->state->policy, r->scratch, n, &kw, out) < 0)
         return -1;
     *target = kvr_route_target_of(r, out->worker);
     return *target ? 0 : -1;
@@ -217,13 +233,18 @@ int kvr_route_explain(kvr_route *r, const kvr_route_keys *k, const char *pin, si
         return -1;
     *out = (kvr_pick){.match = -1, .chosen_match = -1, .predicted_tokens = -1};
     int rc;
+    kvr_route_keys kw = with_weights(r, k);
     if (r->ops->explain) {
-        rc = r->ops->explain(r->state->policy, r->scratch, n, k, r->rows, out);
+        rc = r->ops->explain(r->state->policy, r->scratch, n, &kw, r->rows, out);
     } else {
-        rc = r->ops->pick(r->state->policy, r->scratch, n, k, out);
+        rc = r->ops->pick(r->state->policy, r->scratch, n, &kw, out);
         for (size_t i = 0; i < n; i++)
             r->rows[i] = (kvr_explain_row){.worker = r->scratch[i], .match = -1,
                                            .inflight = r->scratch[i]->inflight};
+    }
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        const kvr_route_target *t = kvr_route_target_of(r, r->rows[i].worker);
+        r->rows[i].weight = t ? t->weight : 1;
     }
     kvr_pick pin_pick = {.match = -1, .chosen_match = -1, .predicted_tokens = -1};
     if (rc == 0 && pinned(r, n, pin, pin_len, &pin_pick))

@@ -43,6 +43,8 @@ typedef struct kvr_route {
     kvr_route_state *state;        /**< policy instance + pins; shared with the route of the
                                         same name after a reload that keeps it */
     kvr_worker **scratch;          /**< ntargets slots: eligible-set building */
+    double *scratch_weights;       /**< ntargets slots: their target weights (policies get
+                                        them as kvr_route_keys.weights) */
     kvr_explain_row *rows;         /**< ntargets slots: explain */
 } kvr_route;
 
@@ -85,7 +87,8 @@ int kvr_route_pick(kvr_route *r, const size_t *exclude, size_t nex, const kvr_ro
                    const kvr_route_target **target);
 
 /** As kvr_route_pick over every eligible target (nothing excluded), also describing each
- *  one: `*rows` points to r->rows (valid until the next call on `r`), `*nrows` eligible rows.
+ *  one (its target weight included): `*rows` points to r->rows (valid until the next call on
+ *  `r`), `*nrows` eligible rows.
  *  Returns 0, or -1 when no target is eligible. */
 int kvr_route_explain(kvr_route *r, const kvr_route_keys *k, const char *pin, size_t pin_len,
                       kvr_pick *out, const kvr_explain_row **rows, size_t *nrows);

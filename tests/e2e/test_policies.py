@@ -1,9 +1,14 @@
 """The simple policies: round_robin, random, least_load, power_of_two; decision labels; in-flight
 accounting seen through kvroute_worker_inflight."""
 import collections
+import concurrent.futures
 import json
+import math
 
-from conftest import MODEL, RawConn, chat_body, http_post, wait_until
+import httpx
+import pytest
+
+from conftest import MODEL, RawConn, chat_body, free_port, http_post, wait_until
 
 
 def route(kv, n, **body_kw):
@@ -171,3 +176,91 @@ def test_inflight_released_when_client_aborts_held_request(stub, kvroute):
     # and the worker is preferred again on ties: both get work
     seq = route(kv, 20)
     assert set(seq) == {w.url for w in ws}, seq
+
+
+# ============================================================================ target weights
+def weighted_config(tmp_path, ws, weights, policy, extra=""):
+    """A config file: one route `MODEL` over the stubs with these target weights."""
+    text = ("health_interval_ms: 0\nworkers:\n" +
+            "".join('  - {url: "%s", name: w%d}\n' % (w.url, i) for i, w in enumerate(ws)) +
+            "routes:\n  - name: %s\n    policy: %s\n%s    targets:\n" % (MODEL, policy, extra) +
+            "".join("      - {worker: w%d, weight: %s}\n" % (i, wt) for i, wt in enumerate(weights)))
+    p = tmp_path / "weights.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_round_robin_follows_target_weights(stub, kvroute, tmp_path):
+    """Smooth weighted round robin: weights 3 and 1 → a a b a, 30:10 over 40."""
+    ws = [stub(), stub()]
+    admin = free_port()
+    kv = kvroute([], model=None, policy=None,
+                 extra=["--config", weighted_config(tmp_path, ws, [3, 1], "round_robin"),
+                        "--admin-port", admin])
+    seq = route(kv, 40)
+    c = collections.Counter(seq)
+    assert c == {ws[0].url: 30, ws[1].url: 10}, c
+    heavy, light = ws[0].url, ws[1].url
+    assert seq[:8] == [heavy, heavy, light, heavy] * 2, "not smooth: %r" % seq[:8]
+    # /debug/route shows each target's weight and does not take a turn
+    r = httpx.post("http://127.0.0.1:%d/debug/route" % admin, json=chat_body(), timeout=5.0)
+    assert r.status_code == 200, r.text
+    assert {w["url"]: w["weight"] for w in r.json()["workers"]} == {heavy: 3, light: 1}
+    assert route(kv, 4) == [heavy, heavy, light, heavy]
+
+
+def slow_sessions(kv, n, sessions, delay_ms):
+    """Starts `n` concurrent slow chat requests spread over `sessions` (x-session-id)."""
+    ex = concurrent.futures.ThreadPoolExecutor(n)
+
+    def one(i):
+        return kv.chat(headers={"x-stub-mode": "json,delay:%d" % delay_ms,
+                                "x-session-id": sessions[i % len(sessions)]},
+                       timeout=delay_ms / 1000.0 + 15, content="turn %d" % i)
+    return ex, [ex.submit(one, i) for i in range(n)]
+
+
+def in_progress(ws):
+    return {w.url: sum(1 for e in w.proxied() if e["ended"] == "in_progress") for w in ws}
+
+
+@pytest.mark.parametrize("policy", ["consistent_hash", "rendezvous_hash"])
+def test_hash_policies_bound_loads(stub, kvroute, policy):
+    """40 concurrent slow requests over 3 session keys and 4 workers: the owners of the hot
+    keys spill (--hash-load-factor 1.25 by default) and no worker holds more than
+    ceil(1.25 × mean) + 1."""
+    ws = [stub() for _ in range(4)]
+    kv = kvroute(ws, policy=policy, health_interval_ms=0)
+    n, mean = 40, 40 / 4
+    ex, futs = slow_sessions(kv, n, ["bounded-a", "bounded-b", "bounded-c"], 3000)
+    try:
+        wait_until(lambda: sum(in_progress(ws).values()) == n, 10.0,
+                   what="%d requests in progress at the workers" % n)
+        held, infl = in_progress(ws), kv.inflight()
+        assert infl == held, "kvroute_worker_inflight %r != in progress %r" % (infl, held)
+        assert max(held.values()) <= math.ceil(1.25 * mean) + 1, held
+        assert kv.metrics().get("kvroute_hash_overflows_total", model=MODEL) > 0
+    finally:
+        rs = [f.result() for f in futs]
+        ex.shutdown()
+    assert all(r.status_code == 200 for r in rs), [r.status_code for r in rs]
+    assert all(r.headers.get("x-kvroute-decision") == policy for r in rs)
+
+
+@pytest.mark.parametrize("policy", ["consistent_hash", "rendezvous_hash"])
+def test_hash_load_factor_zero_is_unbounded(stub, kvroute, tmp_path, policy):
+    """Per route `hash_load_factor: 0` (config file): one session's concurrent requests all
+    stay on its owner."""
+    ws = [stub() for _ in range(3)]
+    cfg = weighted_config(tmp_path, ws, [1, 1, 1], policy, extra="    hash_load_factor: 0\n")
+    kv = kvroute([], model=None, policy=None, extra=["--config", cfg])
+    ex, futs = slow_sessions(kv, 12, ["only-one"], 1500)
+    try:
+        wait_until(lambda: sum(in_progress(ws).values()) == 12, 10.0,
+                   what="12 requests in progress at the workers")
+        assert sorted(in_progress(ws).values()) == [0, 0, 12], in_progress(ws)
+    finally:
+        rs = [f.result() for f in futs]
+        ex.shutdown()
+    assert all(r.status_code == 200 for r in rs)
+    assert kv.metrics().get("kvroute_hash_overflows_total", model=MODEL) == 0

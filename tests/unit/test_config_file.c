@@ -217,6 +217,33 @@ static void bad_values(void **state)
     done(l);
 }
 
+/* hash_load_factor: a route setting (default 1.25, `defaults:` and per route; 0 = unbounded). */
+static void hash_load_factor(void **state)
+{
+    (void)state;
+    loaded *l = load("defaults: {hash_load_factor: 2}\n");
+    assert_int_equal(l->rc, 0);
+    assert_true(l->c.route.p.hash_load_factor == 2);
+    done(l);
+    l = load("defaults: {policy: consistent_hash}\n");
+    assert_true(l->c.route.p.hash_load_factor == 1.25);
+    done(l);
+    l = load("defaults: {hash_load_factor: -1}\n");
+    assert_int_equal(l->rc, -1);
+    assert_error(l, 0, "1:30: hash_load_factor: bad value '-1' (expected a number in [0, "
+                       "1e+06])");
+    done(l);
+    l = load("workers: [http://127.0.0.1:9001]\n"
+             "routes:\n"
+             "  - {name: m, policy: rendezvous_hash, hash_load_factor: 0, targets: "
+             "[http://127.0.0.1:9001]}\n");
+    assert_int_equal(l->rc, 0);
+    assert_int_equal(l->c.routes[0].nsettings, 2);
+    assert_string_equal(l->c.routes[0].settings[1].key, "hash_load_factor");
+    assert_string_equal(l->c.routes[0].settings[1].value, "0");
+    done(l);
+}
+
 static void shapes(void **state)
 {
     (void)state;
@@ -543,6 +570,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(full_file),   cmocka_unit_test(three_errors),
         cmocka_unit_test(bad_values),  cmocka_unit_test(shapes),
+        cmocka_unit_test(hash_load_factor),
         cmocka_unit_test(yaml_values), cmocka_unit_test(syntax_error),
         cmocka_unit_test(unreadable_and_empty), cmocka_unit_test(appends),
         cmocka_unit_test(caps),        cmocka_unit_test(cyclic_alias),

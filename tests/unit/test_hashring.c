@@ -338,6 +338,116 @@ static void test_rendezvous_hash_policy(void **state)
     policy_checks(&kvr_policy_rendezvous_hash);
 }
 
+/* ---- target weights -------------------------------------------------------------------- */
+
+static void test_vnode_counts(void **state)
+{
+    (void)state;
+    assert_int_equal(kvr_hashring_vnodes_for(1), 160);
+    assert_int_equal(kvr_hashring_vnodes_for(0.5), 80);
+    assert_int_equal(kvr_hashring_vnodes_for(2.5), 400);
+    assert_int_equal(kvr_hashring_vnodes_for(0.0034), 1); /* 0.544 rounds to 1 */
+    assert_int_equal(kvr_hashring_vnodes_for(0.0028), 1); /* 0.448: at least 1 */
+    assert_int_equal(kvr_hashring_vnodes_for(0.0128), 2); /* 2.048 */
+    assert_int_equal(kvr_hashring_vnodes_for(1e9), KVR_HASHRING_MAX_VNODES);
+    kvr_hashring *r = kvr_hashring_create(KVR_HASHRING_VNODES);
+    assert_int_equal(kvr_hashring_add(r, 0, "http://a"), 0);
+    assert_int_equal(kvr_hashring_member_vnodes(r, 0), 160);
+    assert_int_equal(kvr_hashring_add_vnodes(r, 1, "http://b", 480), 0);
+    assert_int_equal(kvr_hashring_member_vnodes(r, 1), 480);
+    /* A new weight replaces the points; the same one is a no-op. */
+    assert_int_equal(kvr_hashring_add_vnodes(r, 1, "http://b", 80), 0);
+    assert_int_equal(kvr_hashring_member_vnodes(r, 1), 80);
+    assert_int_equal(kvr_hashring_add_vnodes(r, 1, "http://b", 80), 0);
+    assert_int_equal(kvr_hashring_workers(r), 2);
+    assert_int_equal(kvr_hashring_member_vnodes(r, 7), 0);
+    kvr_hashring_destroy(r);
+}
+
+/* Share of NKEYS session keys each of 4 workers gets under `ops` with these weights. */
+static void shares(const kvr_policy_ops *ops, const double *w, double *share)
+{
+    kvr_policy_cfg cfg = {.block_bytes = 64};
+    void *p = ops->create(&cfg, "m");
+    fleet f;
+    fleet_init(&f, 4);
+    size_t count[4] = {0};
+    for (size_t i = 0; i < NKEYS; i++) {
+        char sess[32];
+        snprintf(sess, sizeof(sess), "session-%zu", i);
+        kvr_route_keys k = {.session = sess, .session_len = strlen(sess), .weights = w};
+        kvr_pick out = {0};
+        assert_int_equal(ops->pick(p, f.el, 4, &k, &out), 0);
+        count[out.worker->id]++;
+    }
+    for (size_t i = 0; i < 4; i++)
+        share[i] = (double)count[i] / NKEYS;
+    ops->destroy(p);
+}
+
+static void weighted_checks(const kvr_policy_ops *ops, double tolerance, double equal)
+{
+    const double w[] = {1, 2, 3, 4};
+    double share[4];
+    shares(ops, w, share);
+    for (size_t i = 0; i < 4; i++)
+        assert_true(share[i] > w[i] / 10 * (1 - tolerance) &&
+                    share[i] < w[i] / 10 * (1 + tolerance));
+    /* Equal weights `equal`: the unweighted owners exactly. */
+    const double eq[] = {equal, equal, equal, equal};
+    kvr_policy_cfg cfg = {.block_bytes = 64};
+    void *a = ops->create(&cfg, "m"), *b = ops->create(&cfg, "m");
+    fleet f;
+    fleet_init(&f, 4);
+    for (int s = 0; s < 2000; s++) {
+        char sess[32];
+        snprintf(sess, sizeof(sess), "conv-%d", s);
+        kvr_route_keys k = {.session = sess, .session_len = strlen(sess)}, ke = k;
+        ke.weights = eq;
+        kvr_pick x = {0}, y = {0};
+        assert_int_equal(ops->pick(a, f.el, 4, &k, &x), 0);
+        assert_int_equal(ops->pick(b, f.el, 4, &ke, &y), 0);
+        assert_ptr_equal(x.worker, y.worker);
+    }
+    /* Weighted, a leaving worker's keys move and no others. */
+    kvr_worker *rest[] = {f.el[0], f.el[1], f.el[3]};
+    const double wrest[] = {1, 2, 4};
+    for (int s = 0; s < 2000; s++) {
+        char sess[32];
+        snprintf(sess, sizeof(sess), "conv-%d", s);
+        kvr_route_keys k = {.session = sess, .session_len = strlen(sess), .weights = w}, kr = k;
+        kr.weights = wrest;
+        kvr_pick x = {0}, y = {0};
+        assert_int_equal(ops->pick(a, f.el, 4, &k, &x), 0);
+        assert_int_equal(ops->pick(a, rest, 3, &kr, &y), 0);
+        if (x.worker != f.el[2])
+            assert_ptr_equal(x.worker, y.worker);
+    }
+    ops->destroy(a);
+    ops->destroy(b);
+}
+
+static void test_weighted_consistent_hash(void **state)
+{
+    (void)state;
+    /* 160 points per unit of weight: shares within ±25 % of weight / total. Weight 1 (the
+     * default) is the unweighted ring; other equal weights give another ring, as balanced, so
+     * that changing one worker's weight moves only its share of the keys. */
+    weighted_checks(&kvr_policy_consistent_hash, 0.25, 1);
+    double share[4];
+    const double eq[] = {3, 3, 3, 3};
+    shares(&kvr_policy_consistent_hash, eq, share);
+    for (size_t i = 0; i < 4; i++)
+        assert_true(share[i] > 0.25 * 0.8 && share[i] < 0.25 * 1.2);
+}
+
+static void test_weighted_rendezvous_hash(void **state)
+{
+    (void)state;
+    /* Weighted HRW is exact in expectation: only sampling noise over 100k keys. */
+    weighted_checks(&kvr_policy_rendezvous_hash, 0.05, 3);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -347,6 +457,9 @@ int main(void)
         cmocka_unit_test(test_rendezvous_movement),
         cmocka_unit_test(test_consistent_hash_policy),
         cmocka_unit_test(test_rendezvous_hash_policy),
+        cmocka_unit_test(test_vnode_counts),
+        cmocka_unit_test(test_weighted_consistent_hash),
+        cmocka_unit_test(test_weighted_rendezvous_hash),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -210,6 +210,50 @@ static void test_removed_worker_lives_while_referenced(void **state)
     kvr_route_unref(r); /* frees w (ASan checks) */
 }
 
+/* Target weights reach the policy, parallel to the eligible set, exclusions included. */
+static void test_target_weights_reach_the_policy(void **state)
+{
+    fx *f = *state;
+    kvr_route_target t[3] = {{f->w[0], NULL, 3}, {f->w[1], NULL, 1}, {f->w[2], NULL, 0.5}};
+    kvr_route_def d = {.name = "m", .ops = &kvr_policy_round_robin, .cfg = &f->cfg,
+                       .targets = t, .ntargets = 2};
+    kvr_route *r = kvr_route_new(&d, NULL);
+    assert_non_null(r);
+    kvr_pick p;
+    const kvr_route_target *tg;
+    const char *want = "aaba";
+    for (int i = 0; i < 8; i++) {
+        assert_int_equal(kvr_route_pick(r, NULL, 0, NULL, NULL, 0, &p, &tg), 0);
+        assert_ptr_equal(p.worker, f->w[want[i % 4] - 'a']);
+    }
+    /* /debug/route lists each target's weight and does not take a turn. */
+    const kvr_explain_row *rows;
+    size_t n;
+    kvr_route_keys k = keys("x");
+    assert_int_equal(kvr_route_explain(r, &k, NULL, 0, &p, &rows, &n), 0);
+    assert_int_equal(n, 2);
+    assert_true(rows[0].weight == 3 && rows[1].weight == 1);
+    assert_int_equal(kvr_route_pick(r, NULL, 0, NULL, NULL, 0, &p, &tg), 0);
+    assert_ptr_equal(p.worker, f->w[0]);
+    kvr_route_unref(r);
+
+    /* With the heavy target excluded, the rest keep their own weights. */
+    d.ops = &kvr_policy_random;
+    d.ntargets = 3;
+    r = kvr_route_new(&d, NULL);
+    size_t ex[] = {f->w[0]->id}, count[3] = {0};
+    for (int i = 0; i < 3000; i++) {
+        assert_int_equal(kvr_route_pick(r, ex, 1, NULL, NULL, 0, &p, &tg), 0);
+        count[p.worker->id - f->w[0]->id]++;
+    }
+    assert_int_equal(count[0], 0);
+    assert_true(count[1] > 1800 && count[1] < 2200); /* 2:1 */
+    kvr_policy_stats st;
+    kvr_route_stats(r, &st);
+    assert_true(st.hash_overflows == 0);
+    kvr_route_unref(r);
+}
+
 static void test_member_span(void **state)
 {
     (void)state;
@@ -242,6 +286,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_table_lookup, setup, teardown),
         cmocka_unit_test_setup_teardown(test_removed_worker_lives_while_referenced, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_target_weights_reach_the_policy, setup, teardown),
         cmocka_unit_test(test_member_span),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
