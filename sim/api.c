@@ -1377,6 +1377,15 @@ static void faults(kvr_sim_api *api, kvr_http_req *req, int post)
     reply_json(req, 200, kvr_sim_faults_json(api->faults));
 }
 
+/* LMCache's status as kvroute's lmcache_aware polls it: the share of the pool holding cached
+ * prefixes stands in for the share of LMCache's store in use. */
+static void lmcache_status(kvr_sim_api *api, kvr_http_req *req)
+{
+    double occ = (double)kvr_sim_kv_num_cached(api->kv) / (double)kvr_sim_kv_num_blocks(api->kv);
+    reply_json(req, 200, json_pack("{s:f,s:b}", "occupancy", occ > 1 ? 1.0 : occ,
+                                   "cache_available", 1));
+}
+
 static void stats(kvr_sim_api *api, kvr_http_req *req)
 {
     const kvr_sim_events *ev = api->events;
@@ -1427,7 +1436,7 @@ static int method_ok(kvr_http_req *req, methods m, int *is_post)
 
 enum {
     R_CHAT, R_COMPLETIONS, R_RESPONSES, R_TOKENIZE, R_DETOKENIZE, R_MODELS, R_HEALTH,
-    R_METRICS, R_RESET, R_EVICT, R_FAULTS, R_STATS
+    R_METRICS, R_RESET, R_EVICT, R_FAULTS, R_LMCACHE, R_STATS
 };
 
 static const struct route {
@@ -1448,6 +1457,7 @@ static const struct route {
     {"/sim/evict", POST_ONLY, R_EVICT},
     {"/sim/faults", GET_POST, R_FAULTS},
     {"/sim/stats", GET_ONLY, R_STATS},
+    {"/lmcache/status", GET_ONLY, R_LMCACHE},
 };
 
 static void serve(kvr_sim_api *api, kvr_http_req *req, int id, int post)
@@ -1464,6 +1474,7 @@ static void serve(kvr_sim_api *api, kvr_http_req *req, int id, int post)
     case R_RESET: reset_cache(api, req); break;
     case R_EVICT: evict_cache(api, req); break;
     case R_FAULTS: faults(api, req, post); break;
+    case R_LMCACHE: lmcache_status(api, req); break;
     default: stats(api, req); break;
     }
 }

@@ -23,6 +23,7 @@
 #include "workers/discovery.h"
 #include "workers/fetch.h"
 #include "workers/health.h"
+#include "workers/lmcache.h"
 #include "workers/scrape.h"
 
 static kvr_app g_app;
@@ -55,6 +56,7 @@ static void shutdown_all(void)
     uv_close((uv_handle_t *)&g_breaker_timer, NULL);
     kvr_proxy_stop(app);
     kvr_scrape_stop();
+    kvr_lmcache_stop();
     kvr_discovery_stop();
     if (g_admin)
         kvr_http_server_close(g_admin, NULL, NULL);
@@ -244,6 +246,7 @@ int main(int argc, char **argv)
     uv_timer_init(app->loop, &g_breaker_timer);
     uv_timer_start(&g_breaker_timer, breaker_tick, 50, 50);
     kvr_scrape_start(&app->wctx);
+    kvr_lmcache_start(&app->wctx);
     kvr_discovery_start(&app->wctx);
     uv_signal_init(app->loop, &g_sigterm);
     uv_signal_init(app->loop, &g_sigint);

@@ -15,6 +15,7 @@
 #include "util/json_read.h"
 #include "util/log.h"
 #include "util/oai_error.h"
+#include "util/time.h"
 
 static char *g_token;
 
@@ -100,8 +101,27 @@ static json_t *worker_routes(kvr_app *app, const kvr_worker *w, kvr_policy_worke
     return names;
 }
 
+/* What lmcache_aware knows of `w`'s cache; null without an endpoint. */
+static json_t *worker_lmcache(const kvr_worker *w, uint64_t now)
+{
+    static const char *const states[] = {"neutral", "available", "unavailable"};
+    if (!w->lmcache_endpoint)
+        return json_null();
+    json_t *o = json_pack("{s:s,s:s}", "endpoint", w->lmcache_endpoint, "state",
+                          states[kvr_worker_lmcache(w, now)]);
+    int answered = w->lmcache_occupancy >= 0;
+    json_object_set_new(o, "occupancy", answered ? json_real(w->lmcache_occupancy) : json_null());
+    json_object_set_new(o, "cache_available",
+                        answered ? json_boolean(w->lmcache_available) : json_null());
+    json_object_set_new(o, "age_ms", answered && now >= w->lmcache_ok_ms
+                                         ? json_integer((json_int_t)(now - w->lmcache_ok_ms))
+                                         : json_null());
+    return o;
+}
+
 static void workers(kvr_app *app, kvr_http_req *r)
 {
+    uint64_t now = kvr_now_ms();
     json_t *arr = json_array();
     for (size_t i = 0; i < kvr_registry_count(app->reg); i++) {
         kvr_worker *w = kvr_registry_at(app->reg, i);
@@ -119,6 +139,7 @@ static void workers(kvr_app *app, kvr_http_req *r)
                               (json_int_t)st.sessions, "queue", w->queue, "running", w->running,
                               "kv_usage", w->kv_usage, "kv_tokens", (json_int_t)w->kv_tokens,
                               "routes", routes);
+        json_object_set_new(o, "lmcache", worker_lmcache(w, now));
         if (app->kv && kvr_kv_events_configured(app->kv, w->id)) {
             kvr_kv_worker_stats ks;
             kvr_kv_index_worker_stats(kvr_kv_events_index(app->kv), w->id, &ks);

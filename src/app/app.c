@@ -73,7 +73,8 @@ static void refresh_departed(kvr_app *app)
         if (!kvr_registry_find_url(app->reg, w->url)) {
             kvr_metric *per_worker[] = {app->m.inflight, app->m.healthy, app->m.queue,
                                         app->m.kv_usage, app->m.breaker_state,
-                                        app->m.kv_blocks, app->m.mispredictions};
+                                        app->m.kv_blocks, app->m.mispredictions,
+                                        app->m.lmcache_occupancy, app->m.lmcache_polls};
             for (size_t m = 0; m < sizeof(per_worker) / sizeof(per_worker[0]); m++)
                 kvr_metric_remove_matching(per_worker[m], "worker", w->url);
         }
@@ -165,6 +166,15 @@ void kvr_app_metrics_init(kvr_app *app)
                                     "Worker KV cache usage 0..1 (scraped "
                                     "vllm:kv_cache_usage_perc)",
                                     1, w);
+    m->lmcache_occupancy = kvr_metrics_gauge(r, "kvroute_lmcache_occupancy",
+                                             "Occupancy 0..1 in the worker's last well-formed "
+                                             "LMCache status answer",
+                                             1, w);
+    const char *wr[] = {"worker", "result"};
+    m->lmcache_polls = kvr_metrics_counter(r, "kvroute_lmcache_polls_total",
+                                           "LMCache status polls by result: ok, stale, "
+                                           "malformed, error",
+                                           2, wr);
     m->index_blocks = kvr_metrics_gauge(r, "kvroute_index_blocks",
                                         "Distinct block keys in the prefix index", 1, mo);
     m->index_evictions = kvr_metrics_counter(r, "kvroute_index_evictions_total",
@@ -350,8 +360,11 @@ void kvr_app_workers_ctx_init(kvr_app *app)
         .scrape_interval_s = app->cfg.scrape_interval_s,
         .discovery_interval_s = app->cfg.discovery_interval_s,
         .discover = app->discovering,
+        .lmcache_interval_ms = app->cfg.lmcache_interval_ms,
         .queue = app->m.queue,
         .kv_usage = app->m.kv_usage,
+        .lmcache_occupancy = app->m.lmcache_occupancy,
+        .lmcache_polls = app->m.lmcache_polls,
         .on_forget = on_worker_forget,
         .on_models = on_worker_models,
         .ud = app,

@@ -36,6 +36,8 @@ typedef struct kvr_app_metrics {
     kvr_metric *session_evictions; /**< kvroute_session_evictions_total{model,reason} */
     kvr_metric *queue;             /**< kvroute_worker_queue{worker} (scraped) */
     kvr_metric *kv_usage;          /**< kvroute_worker_kv_usage{worker} (scraped) */
+    kvr_metric *lmcache_occupancy; /**< kvroute_lmcache_occupancy{worker} (polled) */
+    kvr_metric *lmcache_polls;     /**< kvroute_lmcache_polls_total{worker,result} */
     kvr_metric *reloads;           /**< kvroute_config_reloads_total{result} */
     kvr_metric *breaker_state;     /**< kvroute_worker_breaker_state{worker} (0, 1, 2) */
     kvr_metric *breaker_transitions; /**< kvroute_breaker_transitions_total{worker,state} */

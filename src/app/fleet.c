@@ -336,6 +336,9 @@ int kvr_app_apply(kvr_app *app, kvr_config *c, kvr_errlist *errs)
             kvr_kv_events_spec kv = {ws->kv_endpoint, ws->kv_replay_endpoint, ws->kv_topic};
             if (app->kv)
                 kvr_kv_events_configure(app->kv, w, ws->kv_endpoint ? &kv : NULL);
+            /* The old endpoint's occupancy says nothing about the new one's cache. */
+            if (kvr_worker_set_lmcache(w, ws->lmcache_endpoint))
+                kvr_metric_remove_matching(app->m.lmcache_occupancy, "worker", w->url);
         }
     }
     loaded_free(&ext, c->nworkers);
@@ -374,6 +377,7 @@ static void log_ignored(const kvr_config *old, const kvr_config *c)
         {"admin.port", old->admin_port != c->admin_port},
         {"health_interval_ms", old->health_interval_ms != c->health_interval_ms},
         {"scrape_interval", old->scrape_interval_s != c->scrape_interval_s},
+        {"lmcache_interval_ms", old->lmcache_interval_ms != c->lmcache_interval_ms},
         {"discovery_interval", old->discovery_interval_s != c->discovery_interval_s},
     };
     for (size_t i = 0; i < sizeof(s) / sizeof(s[0]); i++)

@@ -102,6 +102,8 @@ static const kvr_flag flags[] = {
        "retries may add this share of a route's requests over 10 s (plus 3 per second)"),
     FL("scrape-interval", U64, scrape_interval_s, 0, 3600,
       "seconds between worker /metrics scrapes (0 = off)"),
+    FL("lmcache-interval-ms", U64, lmcache_interval_ms, 10, 3600000,
+       "period of the polls of the workers' LMCache status endpoints (lmcache_aware)"),
     FL("retry-after", U64, retry_after_s, 0, 3600, "Retry-After seconds on 503"),
     FL("log-level", STR, log_level, 0, 0, "debug, info, warn or error"),
     FL("seed", U64, seed, 0, 1.8e19, "random seed for tie-breaks (0 = clock)"),
@@ -230,6 +232,7 @@ void kvr_config_default(kvr_config *c)
     c->queue_timeout_ms = 30000;
     c->retry_budget = 0.2;
     c->scrape_interval_s = 5;
+    c->lmcache_interval_ms = 1000;
     c->retry_after_s = 1;
     c->log_level = "info";
     c->max_usage_bytes = 1 << 20;
@@ -415,6 +418,9 @@ static void check_egress(const kvr_config *c, kvr_errlist *errs)
             if (eps[k] && !kvr_egress_check_url(e, eps[k], why, sizeof(why)))
                 kvr_errlist_add(errs, "%s: worker '%s': KV-event endpoint %s is refused by the "
                                 "egress policy: %s", at, w->name, eps[k], why);
+        if (w->lmcache_endpoint && !kvr_egress_check_url(e, w->lmcache_endpoint, why, sizeof(why)))
+            kvr_errlist_add(errs, "%s: worker '%s': LMCache endpoint %s is refused by the egress "
+                            "policy: %s", at, w->name, w->lmcache_endpoint, why);
     }
     kvr_egress_free(e);
 }
@@ -428,6 +434,9 @@ static void check_workers(const kvr_config *c, kvr_errlist *errs)
         if (!url_ok(w->url))
             kvr_errlist_add(errs, "%s: worker URL '%s' is malformed (expected http://HOST[:PORT])",
                             at, w->url);
+        if (w->lmcache_endpoint && !url_ok(w->lmcache_endpoint))
+            kvr_errlist_add(errs, "%s: worker '%s': LMCache endpoint '%s' is malformed (expected "
+                            "http://HOST[:PORT]/PATH)", at, w->name, w->lmcache_endpoint);
         for (size_t j = 0; j < i; j++) {
             const kvr_worker_spec *o = &c->workers[j];
             if (same_url(o->url, w->url))

@@ -44,6 +44,8 @@ typedef struct kvr_worker_spec {
                                    PUB socket, "tcp://HOST:PORT" (NULL = no events) */
     const char *kv_replay_endpoint; /**< `kv_events.replay_endpoint`: its replay ROUTER */
     const char *kv_topic;     /**< `kv_events.topic`: SUB prefix (NULL = "") */
+    const char *lmcache_endpoint; /**< `lmcache.endpoint`: the full http:// URL polled for its
+                                       LMCache status (lmcache_aware), NULL = none */
     int line, col;        /**< 1-based position in the file; 0 from the command line */
 } kvr_worker_spec;
 
@@ -138,6 +140,8 @@ typedef struct kvr_config {
                                         requests over the last 10 s, plus 3 per second (0.2) */
     const char *health_path;       /**< --health-path (/health, vLLM's) */
     uint64_t scrape_interval_s;    /**< --scrape-interval, seconds (5; 0 = off) */
+    uint64_t lmcache_interval_ms;  /**< --lmcache-interval-ms: period of the workers' LMCache
+                                        status polls (1000) */
     uint64_t retry_after_s;        /**< --retry-after, seconds in 503 Retry-After (1) */
     const char *log_level;         /**< --log-level (info) */
     uint64_t seed;                 /**< --seed for tie-breaks (0 = from the clock) */
@@ -202,9 +206,10 @@ void *kvr_config_alloc(kvr_config *c, size_t size);
  *  kept as written with the section's position), `rate_limits` {NAME: {requests_per_minute,
  *  tokens_per_minute}} (non-negative integers), `defaults`
  *  (per-route keys, into c->route), `workers` (a list of {url, name, weight, api_key_file,
- *  api_key_env, max_inflight} maps or plain URL strings, appended to c->workers with their positions) and `routes` (a list of {name or
- *  model, aliases, targets, per-route keys}; targets are {worker, model, weight} maps or plain
- *  worker names; per-route keys are checked against the route table's types and bounds and
+ *  api_key_env, max_inflight, kv_events, lmcache} maps or plain URL strings, appended to
+ *  c->workers with their positions) and `routes` (a list of {name or model, aliases,
+ *  targets, per-route keys}; targets are {worker, model, weight} maps or plain worker names;
+ *  per-route keys are checked against the route table's types and bounds and
  *  kept as written in `settings`). Every other global flag but config, check and worker is a
  *  top-level key too (the last one written wins over `listen`/`admin`/`defaults`). At most
  *  KVR_MAX_WORKERS workers and targets per route. An entry missing its required key (url,

@@ -321,7 +321,7 @@ static void settings(loader *l, const yaml_node_t *k, const yaml_node_t *m, void
  * mapping of the required key, a name, a weight, and the keys only one of them has (handled by
  * `more`, which returns 0 for a key it does not know). */
 typedef struct shape {
-    const char *keys[7]; /* every key, for the did-you-mean */
+    const char *keys[8]; /* every key, for the did-you-mean */
     size_t nkeys;
     const char *what;  /* singular, for "missing" */
     const char *plain; /* what a plain scalar item is */
@@ -365,11 +365,34 @@ static void kv_events(loader *l, const yaml_node_t *k, const yaml_node_t *v, kvr
         fail(l, k, "kv_events: missing 'endpoint'");
 }
 
+static const char *const LMCACHE_KEYS[] = {"endpoint"};
+
+/* lmcache: {endpoint}: the full URL kvroute GETs for the worker's LMCache status. */
+static void lmcache(loader *l, const yaml_node_t *k, const yaml_node_t *v, kvr_worker_spec *ws)
+{
+    if (!want(l, k, v, YAML_MAPPING_NODE))
+        return;
+    yaml_node_t *kk, *vv;
+    EACH_PAIR(v, p) {
+        if (!pair(l, v, p, &kk, &vv))
+            continue;
+        const char *s;
+        if (!is(kk, LMCACHE_KEYS[0]))
+            unknown(l, kk, LMCACHE_KEYS, COUNT(LMCACHE_KEYS), NULL, 0);
+        else if ((s = scalar(l, kk, vv, 1)))
+            ws->lmcache_endpoint = keep(l, s);
+    }
+    if (!ws->lmcache_endpoint)
+        fail(l, k, "lmcache: missing 'endpoint'");
+}
+
 static int worker_key(loader *l, const yaml_node_t *k, const yaml_node_t *v, void *ctx)
 {
     kvr_worker_spec *ws = ctx;
     if (is(k, "kv_events"))
         kv_events(l, k, v, ws);
+    else if (is(k, "lmcache"))
+        lmcache(l, k, v, ws);
     else if (is(k, "api_key_file"))
         key_source(l, k, v, &ws->api_key_file, ws->api_key_env);
     else if (is(k, "api_key_env"))
@@ -382,8 +405,8 @@ static int worker_key(loader *l, const yaml_node_t *k, const yaml_node_t *v, voi
 }
 
 static const shape WORKER = {{"url", "name", "weight", "api_key_file", "api_key_env",
-                              "max_inflight", "kv_events"},
-                             7, "worker", "a URL", worker_key};
+                              "max_inflight", "kv_events", "lmcache"},
+                             8, "worker", "a URL", worker_key};
 static const shape TARGET = {{"worker", "model", "weight"}, 3, "target", "a worker name", NULL};
 
 /* One item `it` of list `k`. 0 when it has no usable first key (then it is not kept). `ctx`

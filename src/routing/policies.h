@@ -29,10 +29,15 @@ extern const kvr_policy_ops kvr_policy_cache_aware;
 /** precise: cache_aware whose prefix stage first asks the KV block index (fed by the workers'
  *  vLLM KV events) for workers in the exact trust state; see routing/policy_cache_aware.h. */
 extern const kvr_policy_ops kvr_policy_precise;
+/** lmcache_aware: the eligible worker whose LMCache status endpoint reports the most free
+ *  capacity (1 − occupancy), then the fewest in-flight, random ties; a worker without a fresh
+ *  well-formed answer is neutral (ranked at the median free capacity of those with one, 0.5
+ *  when none), one whose cache is unavailable ranks last. Label "lmcache_aware", match -1. */
+extern const kvr_policy_ops kvr_policy_lmcache_aware;
 
 /** Policies listed by kvr_policy_find() beyond the simple ones (a trailing list, may be empty). */
 #define KVR_POLICIES_EXTRA                                                                    \
     &kvr_policy_consistent_hash, &kvr_policy_rendezvous_hash, &kvr_policy_cache_aware,        \
-        &kvr_policy_precise
+        &kvr_policy_precise, &kvr_policy_lmcache_aware
 
 #endif

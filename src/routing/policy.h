@@ -30,7 +30,8 @@ typedef struct kvr_pick {
     kvr_worker *worker;    /**< chosen worker, one of the eligible ones */
     const char *decision;  /**< static label: the policy name for simple policies, else one of
                                 session_id_match, prefix_match, low_match_min_load,
-                                empty_key_min_load, load_balance (DESIGN §7) */
+                                empty_key_min_load, load_balance (DESIGN §7), kv_match
+                                (precise), lmcache_aware */
     double match;          /**< best prefix match ratio 0..1 over eligible workers, -1 = n/a */
     const char *index;     /**< which index scored the chosen worker: "exact" (KV block index,
                                 precise) or "approximate" (prefix index); NULL for policies
@@ -141,7 +142,8 @@ typedef struct kvr_policy_ops {
 } kvr_policy_ops;
 
 /** Looks a policy up by name ("round_robin", "random", "least_load", "power_of_two",
- *  "consistent_hash", "rendezvous_hash", "cache_aware", "precise"); NULL if unknown. */
+ *  "consistent_hash", "rendezvous_hash", "cache_aware", "precise", "lmcache_aware"); NULL if
+ *  unknown. */
 const kvr_policy_ops *kvr_policy_find(const char *name);
 /** Comma-separated names of all policies, for --help. */
 const char *kvr_policy_names(void);

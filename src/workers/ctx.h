@@ -1,7 +1,7 @@
-/* What the worker-side background tasks (health checks, metric scraping, model discovery)
- * need from the daemon: the loop, the upstream client, the registry, their settings, the two
- * gauges they set, and callbacks for what only the routing side can do. Owned by the caller
- * (the app), which keeps it alive until the tasks are stopped. */
+/* What the worker-side background tasks (health checks, metric scraping, model discovery,
+ * LMCache status polls) need from the daemon: the loop, the upstream client, the registry,
+ * their settings, the metrics they set, and callbacks for what only the routing side can do.
+ * Owned by the caller (the app), which keeps it alive until the tasks are stopped. */
 #ifndef KVR_WORKERS_CTX_H
 #define KVR_WORKERS_CTX_H
 #include <stdint.h>
@@ -23,8 +23,11 @@ typedef struct kvr_workers_ctx {
     uint64_t scrape_interval_s;    /**< /metrics reads (0 = off) */
     uint64_t discovery_interval_s; /**< /v1/models reads when `discover` is set */
     int discover;                  /**< 1: read every worker's /v1/models (routes from them) */
+    uint64_t lmcache_interval_ms;  /**< LMCache status polls of workers with an endpoint */
     kvr_metric *queue;             /**< kvroute_worker_queue{worker} */
     kvr_metric *kv_usage;          /**< kvroute_worker_kv_usage{worker} */
+    kvr_metric *lmcache_occupancy; /**< kvroute_lmcache_occupancy{worker} */
+    kvr_metric *lmcache_polls;     /**< kvroute_lmcache_polls_total{worker,result} */
     /** A worker lost its cache (down longer than forget_after_ms, or restarted): forget what
      *  was learned about it. */
     void (*on_forget)(void *ud, kvr_worker *w);

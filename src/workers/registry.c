@@ -40,6 +40,7 @@ void kvr_worker_unref(kvr_worker *w)
         return;
     free_models(w);
     kvr_worker_set_api_key(w, NULL);
+    free(w->lmcache_endpoint);
     free(w->url);
     free(w->name);
     free(w);
@@ -86,6 +87,7 @@ kvr_worker *kvr_registry_add(kvr_registry *r, const char *url, const char *name,
     w->queue = w->running = w->kv_usage = -1;
     w->kv_tokens = -1;
     w->start_time = -1;
+    w->lmcache_occupancy = -1;
     append(r, w);
     return w;
 }
@@ -187,6 +189,25 @@ void kvr_worker_set_api_key(kvr_worker *w, const char *key)
         free(w->api_key);
     }
     w->api_key = key ? strdup(key) : NULL;
+}
+
+int kvr_worker_set_lmcache(kvr_worker *w, const char *endpoint)
+{
+    if (endpoint && w->lmcache_endpoint && strcmp(endpoint, w->lmcache_endpoint) == 0)
+        return 0;
+    if (!endpoint && !w->lmcache_endpoint)
+        return 0;
+    char *e = endpoint ? strdup(endpoint) : NULL;
+    if (endpoint && !e)
+        return 0; /* keeps the old endpoint: better than none */
+    free(w->lmcache_endpoint);
+    w->lmcache_endpoint = e;
+    /* What the old endpoint said is not about the new one; a poll in flight is dropped. */
+    w->lmcache_occupancy = -1;
+    w->lmcache_ok_ms = w->lmcache_fresh_until_ms = 0;
+    w->lmcache_gen++;
+    w->lmcache_polling = 0;
+    return 1;
 }
 
 int kvr_worker_lists(const kvr_worker *w, const char *model)

@@ -45,6 +45,10 @@ void kvr_worker_unref(kvr_worker *w);
 int kvr_worker_set_models(kvr_worker *w, const char *const *ids, size_t n);
 /** Replaces the worker's own API key (copied; NULL = none; the old one is wiped). */
 void kvr_worker_set_api_key(kvr_worker *w, const char *key);
+/** Replaces the URL its LMCache status is polled from (copied; NULL = none). When it changes,
+ *  what was known from the old one is dropped (the worker is neutral until the new one
+ *  answers) and returns 1; returns 0 when unchanged. */
+int kvr_worker_set_lmcache(kvr_worker *w, const char *endpoint);
 /** 1 when `w` listed `model` in its last /v1/models answer. */
 int kvr_worker_lists(const kvr_worker *w, const char *model);
 

@@ -46,6 +46,16 @@ typedef struct kvr_worker {
     int forgotten;          /**< its learned state was dropped during this outage */
     double start_time;      /**< scraped process_start_time_seconds, -1 when unknown: a change
                                  means the engine restarted with an empty KV cache */
+    char *lmcache_endpoint; /**< owned: the URL polled for {"occupancy", "cache_available"}
+                                 (src/workers/lmcache.h); NULL = none */
+    double lmcache_occupancy; /**< its last well-formed answer's occupancy 0..1; -1 = none,
+                                   or the last poll failed or was malformed */
+    int lmcache_available;  /**< that answer's cache_available */
+    uint64_t lmcache_ok_ms; /**< monotonic ms when the poll that brought it was sent (0 = none) */
+    uint64_t lmcache_fresh_until_ms; /**< lmcache_ok_ms + 3 polling intervals: from then on
+                                          the answer is stale and the worker neutral */
+    uint32_t lmcache_gen;   /**< +1 per endpoint change: an answer to an older poll is dropped */
+    int lmcache_polling;    /**< a poll of the current endpoint is in flight */
 } kvr_worker;
 
 /** Eligible = may receive new requests: healthy, circuit breaker not open (a half-open one
@@ -53,6 +63,20 @@ typedef struct kvr_worker {
 static inline int kvr_worker_eligible(const kvr_worker *w)
 {
     return w->healthy && !w->draining && !w->removed && kvr_breaker_admits(&w->breaker);
+}
+
+/** What lmcache_aware knows of a worker's cache at `now_ms` (monotonic). */
+typedef enum kvr_lmcache_state {
+    KVR_LMCACHE_NEUTRAL,     /**< no endpoint, or its answer failed, was malformed or is stale */
+    KVR_LMCACHE_AVAILABLE,   /**< a fresh answer with cache_available true */
+    KVR_LMCACHE_UNAVAILABLE, /**< a fresh answer with cache_available false */
+} kvr_lmcache_state;
+
+static inline kvr_lmcache_state kvr_worker_lmcache(const kvr_worker *w, uint64_t now_ms)
+{
+    if (w->lmcache_occupancy < 0 || now_ms >= w->lmcache_fresh_until_ms)
+        return KVR_LMCACHE_NEUTRAL;
+    return w->lmcache_available ? KVR_LMCACHE_AVAILABLE : KVR_LMCACHE_UNAVAILABLE;
 }
 
 #endif

@@ -13,10 +13,17 @@ Endpoints
         "stream": true, unless the mode says otherwise.
   GET  /v1/models           {"object":"list","data":[{"id": <--model>, ...}]}
   GET  /health              --health-status (200), changeable at run time
+  GET  /lmcache/status      an LMCache status endpoint for kvroute's lmcache_aware: the JSON
+                            value set as `lmcache` through /stub/config (a string is sent as
+                            is, so a test can send garbage), with `lmcache_status` (200) after
+                            `lmcache_delay_ms` (0); 404 until `lmcache` is set; counted as
+                            lmcache_polls in /stub/log, whose lmcache_headers are the last
+                            poll's headers
   GET  /stub/log            JSON: {"requests": [...], "connections_accepted": N, "health_checks": N}
   POST /stub/reset          clears the log
   POST /stub/config         JSON object: any of mode, events, interval_ms, health_status,
-                            models_status, model (sets the defaults for later requests)
+                            models_status, model, lmcache, lmcache_status, lmcache_delay_ms
+                            (sets the defaults for later requests)
 
 Per-request control headers (they travel through kvroute, which forwards client headers)
   x-stub-mode: comma-separated directives, e.g. "sse,delay:200" or "json,drop_after:10"
@@ -84,6 +91,11 @@ class Stub:
         self.seq = 0
         self.conn_seq = 0
         self.health_checks = 0
+        self.lmcache = None
+        self.lmcache_status = 200
+        self.lmcache_delay_ms = 0
+        self.lmcache_polls = 0
+        self.lmcache_headers = None
         self.server = None
 
     # ---------------------------------------------------------------- connection handling
@@ -346,6 +358,8 @@ class Conn:
             st = self.stub.health_status
             body = json.dumps({"status": "ok" if st == 200 else "unhealthy"}).encode()
             return await self.simple(req, st, body)
+        if path == "/lmcache/status":
+            return await self.lmcache_status(req)
         self.resp_written = False
         e = self.new_entry(req)
         watcher = asyncio.ensure_future(self.watch())
@@ -437,6 +451,18 @@ class Conn:
         await self.flush()
         return keep
 
+    async def lmcache_status(self, req):
+        st = self.stub
+        st.lmcache_polls += 1
+        st.lmcache_headers = req["headers"]
+        if st.lmcache_delay_ms:
+            await asyncio.sleep(st.lmcache_delay_ms / 1000.0)
+        if st.lmcache is None:
+            return await self.simple(req, 404, b'{"error":"no lmcache answer set"}')
+        v = st.lmcache
+        body = v.encode() if isinstance(v, str) else json.dumps(v).encode()
+        return await self.simple(req, st.lmcache_status, body)
+
     async def admin(self, req):
         st = self.stub
         p = req["path"]
@@ -450,16 +476,20 @@ class Conn:
                 reqs.append(d)
             body = json.dumps({"requests": reqs, "connections_accepted": st.conn_seq,
                                "health_checks": st.health_checks, "name": st.name,
+                               "lmcache_polls": st.lmcache_polls,
+                               "lmcache_headers": st.lmcache_headers,
                                "pid": os.getpid()}).encode()
             return await self.simple(req, 200, body)
         if p == "/stub/reset" and req["method"] == "POST":
             st.log.clear()
             st.health_checks = 0
+            st.lmcache_polls = 0
             return await self.simple(req, 200, b'{"ok":true}')
         if p == "/stub/config" and req["method"] == "POST":
             try:
                 cfg = json.loads(req["body"] or b"{}")
-                for k in ("mode", "events", "interval_ms", "health_status", "models_status", "model"):
+                for k in ("mode", "events", "interval_ms", "health_status", "models_status", "model",
+                          "lmcache", "lmcache_status", "lmcache_delay_ms"):
                     if k in cfg:
                         setattr(st, k, cfg[k])
             except Exception as ex:

@@ -565,6 +565,41 @@ static void security_errors(void **state)
     done(l);
 }
 
+/* A worker's `lmcache: {endpoint}` and its errors; the interval is a top-level key. */
+static void lmcache_file(void **state)
+{
+    (void)state;
+    loaded *l = load("lmcache_interval_ms: 250\n"
+                     "workers:\n"
+                     "  - url: http://127.0.0.1:9001\n"
+                     "    lmcache: {endpoint: \"http://127.0.0.1:9001/lmcache/status\"}\n"
+                     "  - http://127.0.0.1:9002\n");
+    kvr_errlist_print(&l->errs, stderr, "unexpected: ");
+    assert_int_equal(l->rc, 0);
+    assert_int_equal(l->c.lmcache_interval_ms, 250);
+    assert_string_equal(l->c.workers[0].lmcache_endpoint, "http://127.0.0.1:9001/lmcache/status");
+    assert_null(l->c.workers[1].lmcache_endpoint);
+    done(l);
+
+    l = load("lmcache_interval_ms: 5\n"
+             "workers:\n"
+             "  - {url: http://a, lmcache: {endpont: http://a/s}}\n"
+             "  - {url: http://b, lmcache: http://b/s}\n"
+             "  - {url: http://c, lmcache: {endpoint: [x]}}\n"
+             "  - {url: http://d, lmcahce: {endpoint: http://d/s}}\n");
+    assert_int_equal(l->rc, -1);
+    assert_error(l, 0, "1:22: lmcache_interval_ms: bad value '5' (expected an integer in "
+                       "[10, 3.6e+06])");
+    assert_error(l, 1, "3:31: unknown key 'endpont' (did you mean 'endpoint'?)");
+    assert_error(l, 2, "3:21: lmcache: missing 'endpoint'");
+    assert_error(l, 3, "4:30: lmcache: expected a mapping");
+    assert_error(l, 4, "5:41: endpoint: expected a scalar");
+    assert_error(l, 5, "5:21: lmcache: missing 'endpoint'");
+    assert_error(l, 6, "6:21: unknown key 'lmcahce' (did you mean 'lmcache'?)");
+    assert_int_equal(l->errs.n, 7);
+    done(l);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -575,6 +610,7 @@ int main(void)
         cmocka_unit_test(unreadable_and_empty), cmocka_unit_test(appends),
         cmocka_unit_test(caps),        cmocka_unit_test(cyclic_alias),
         cmocka_unit_test(security_file), cmocka_unit_test(security_errors),
+        cmocka_unit_test(lmcache_file),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
