@@ -18,6 +18,9 @@
 
 void kvr_http_limits_default(kvr_http_limits *l)
 {
+    /* Every field, present and future, starts at 0 (= off): kvroute-sim's limits live on the
+     * stack, and an unset max_connections_per_ip there once refused its own router. */
+    memset(l, 0, sizeof(*l));
     l->max_header_bytes = 65536;
     l->max_headers = 256;
     l->max_body_bytes = 32u << 20;
