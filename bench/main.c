@@ -45,7 +45,10 @@ static void usage(FILE *f)
         "  --max-tokens-cap N          cap on max_tokens (default 512; 0 = none)\n"
         "  --default-max-tokens N      max_tokens when the answer length is unknown (default 256)\n"
         "  --ignore-eos                add vLLM's \"ignore_eos\": true (honour recorded lengths)\n"
-        "  --seed S                    seeds header choice, think times, arrivals, text (default 1)\n"
+        "  --seed S                    seeds header choice, think times, arrivals, text, bypass (default 1)\n"
+        "  --bypass-share F            share of requests (0-1) sent straight to a random --bypass-worker,\n"
+        "                              not to --url, as another router or a direct client would (default 0)\n"
+        "  --bypass-worker URL         a worker's base URL for bypassed requests (repeatable)\n"
         "limits:\n"
         "  --max-inflight N            hard cap on concurrent requests (default 1024)\n"
         "  --timeout-ms MS             whole-request timeout (default 600000)\n"
@@ -126,7 +129,7 @@ enum {
     OPT_URL = 256, OPT_TRACE, OPT_FORMAT, OPT_MODEL, OPT_API_KEY, OPT_CONC, OPT_RATE, OPT_TS,
     OPT_SCALE, OPT_THINK, OPT_SHARE, OPT_MAXREQ, OPT_CAP, OPT_DEFTOK, OPT_EOS, OPT_SEED,
     OPT_INFLIGHT, OPT_TIMEOUT, OPT_CTIMEOUT, OPT_EVENT, OPT_JSON, OPT_RECORDS, OPT_PROGRESS,
-    OPT_HELP,
+    OPT_HELP, OPT_BYPASS_SHARE, OPT_BYPASS_WORKER,
 };
 
 int main(int argc, char **argv)
@@ -156,6 +159,8 @@ int main(int argc, char **argv)
         {"records", required_argument, 0, OPT_RECORDS},
         {"progress", required_argument, 0, OPT_PROGRESS},
         {"help", no_argument, 0, OPT_HELP},
+        {"bypass-share", required_argument, 0, OPT_BYPASS_SHARE},
+        {"bypass-worker", required_argument, 0, OPT_BYPASS_WORKER},
         {0, 0, 0, 0},
     };
     kvr_bench_config c;
@@ -165,6 +170,8 @@ int main(int argc, char **argv)
     unsigned long long maxreq = 0, u;
     double d;
     int modes = 0, opt;
+    static const char *bypass_workers[256];
+    c.bypass_workers = bypass_workers;
     while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         const char *a = optarg;
         int bad = 0;
@@ -225,6 +232,16 @@ int main(int argc, char **argv)
         case OPT_JSON: json_out = a; break;
         case OPT_RECORDS: records_out = a; break;
         case OPT_PROGRESS: progress = a; break;
+        case OPT_BYPASS_SHARE:
+            bad = parse_double(a, &d) < 0 || !(d >= 0 && d <= 1);
+            c.bypass_share = d;
+            break;
+        case OPT_BYPASS_WORKER:
+            bad = (strncmp(a, "http://", 7) != 0 && strncmp(a, "https://", 8) != 0) ||
+                  c.nbypass_workers >= sizeof(bypass_workers) / sizeof(bypass_workers[0]);
+            if (!bad)
+                bypass_workers[c.nbypass_workers++] = a;
+            break;
         case OPT_HELP: usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -241,6 +258,10 @@ int main(int argc, char **argv)
     }
     if (modes > 1) {
         fprintf(stderr, "kvroute-bench: choose one of --concurrency, --rate, --timestamps\n");
+        return 2;
+    }
+    if (c.bypass_share > 0 && c.nbypass_workers == 0) {
+        fprintf(stderr, "kvroute-bench: --bypass-share needs at least one --bypass-worker URL\n");
         return 2;
     }
     if (!strcmp(progress, "auto"))
@@ -324,6 +345,13 @@ int main(int argc, char **argv)
                 c.think_ms, "session_header_share", c.session_header_share, "seed",
                 (json_int_t)c.seed, "max_tokens_cap", (int)c.max_tokens_cap, "max_requests",
                 (json_int_t)maxreq);
+            if (meta) {
+                json_t *bw = json_array();
+                for (size_t i = 0; bw && i < c.nbypass_workers; i++)
+                    json_array_append_new(bw, json_string(c.bypass_workers[i]));
+                json_object_set_new(meta, "bypass_share", json_real(c.bypass_share));
+                json_object_set_new(meta, "bypass_workers", bw ? bw : json_array());
+            }
             json_t *j = kvr_bench_summary_json(&s, meta);
             if (!j || json_dump_file(j, json_out, JSON_INDENT(2)) < 0) {
                 fprintf(stderr, "kvroute-bench: cannot write %s\n", json_out);

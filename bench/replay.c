@@ -80,6 +80,16 @@ int kvr_bench_pick_header_sessions(size_t n, double share, uint64_t seed, bool *
     return 0;
 }
 
+int kvr_bench_bypass_pick(uint64_t seed, size_t session, size_t turn, double share, size_t nworkers)
+{
+    if (!(share > 0) || nworkers == 0)
+        return -1;
+    if (share < 1 && unit(seed ^ 0xb7a55, session, turn) >= share)
+        return -1;
+    size_t i = (size_t)(unit(seed ^ 0xb7a56, session, turn) * (double)nworkers);
+    return (int)(i < nworkers ? i : nworkers - 1);
+}
+
 double kvr_bench_think_ms(uint64_t seed, size_t session, size_t turn, double mean_ms)
 {
     if (mean_ms <= 0)
@@ -255,6 +265,7 @@ typedef struct req {
     int status;
     bool headers_done;
     bool session_header;
+    int bypass;  /* index into bypass_workers, -1 when sent to the router */
     int worker;  /* tally index; -1 until headers end */
     char worker_name[512];
     char decision[128];
@@ -266,6 +277,7 @@ typedef struct replay {
     kvr_bench_run *run;
     CURLM *multi;
     char endpoint[2048];
+    char **bypass_endpoints; /* per bypass worker: <url>/v1/chat/completions (owned) */
     heap_t heap;
     bool *header;          /* per session: sends x-session-id */
     uint32_t *next_turn;   /* per session */
@@ -316,7 +328,10 @@ static size_t header_cb(char *buf, size_t size, size_t n, void *ud)
     if (len <= 2 && (buf[0] == '\r' || buf[0] == '\n')) {
         if (q->status >= 200 && !q->headers_done) {
             q->headers_done = true;
-            const char *name = q->worker_name[0] ? q->worker_name : q->rp->c->url;
+            /* Without the router's header the worker is the URL the request went to. */
+            const char *name = q->worker_name[0] ? q->worker_name
+                               : q->bypass >= 0  ? q->rp->c->bypass_workers[q->bypass]
+                                                 : q->rp->c->url;
             q->worker = kvr_bench_tally_add(&q->rp->run->workers, name, 1);
             if (q->worker < 0)
                 q->rp->oom = true;
@@ -399,6 +414,7 @@ static int launch(replay_t *rp, uint32_t si)
     q->session = si;
     q->turn = rp->next_turn[si];
     q->worker = -1;
+    q->bypass = kvr_bench_bypass_pick(c->seed, si, q->turn, c->bypass_share, c->nbypass_workers);
     kvr_buf_init(&q->body, 0);
     kvr_buf_init(&q->errbody, 0);
     kvr_sse_init(&q->sse, c->max_event_bytes, sse_cb, q);
@@ -426,7 +442,7 @@ static int launch(replay_t *rp, uint32_t si)
     if (!q->easy)
         goto fail;
     CURL *e = q->easy;
-    curl_easy_setopt(e, CURLOPT_URL, rp->endpoint);
+    curl_easy_setopt(e, CURLOPT_URL, q->bypass >= 0 ? rp->bypass_endpoints[q->bypass] : rp->endpoint);
     curl_easy_setopt(e, CURLOPT_POST, 1L);
     curl_easy_setopt(e, CURLOPT_POSTFIELDS, q->body.data);
     curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)q->body.len);
@@ -521,6 +537,7 @@ static void finish(replay_t *rp, req_t *q, CURLcode rc)
     r->turn = q->turn;
     r->status = q->status;
     r->session_header = q->session_header;
+    r->bypassed = q->bypass >= 0;
     r->worker = q->worker;
     r->start_s = (double)(q->t0_ns - run->start_ns) / 1e9;
     r->e2e_s = (double)(now - q->t0_ns) / 1e9;
@@ -619,6 +636,11 @@ static int validate(const kvr_bench_trace *t, const kvr_bench_config *c, char *e
         snprintf(err, errlen, "bad --time-scale or --max-inflight");
         return -1;
     }
+    if (!(c->bypass_share >= 0 && c->bypass_share <= 1) ||
+        (c->bypass_share > 0 && (!c->bypass_workers || c->nbypass_workers == 0))) {
+        snprintf(err, errlen, "--bypass-share is 0..1 and needs at least one --bypass-worker");
+        return -1;
+    }
     return 0;
 }
 
@@ -638,12 +660,29 @@ int kvr_bench_replay(const kvr_bench_trace *t, const kvr_bench_config *c, kvr_be
     while (ulen && c->url[ulen - 1] == '/')
         ulen--;
     snprintf(rp.endpoint, sizeof(rp.endpoint), "%.*s/v1/chat/completions", (int)ulen, c->url);
+    int rc = -1;
+    if (c->bypass_share > 0) {
+        rp.bypass_endpoints = calloc(c->nbypass_workers, sizeof(*rp.bypass_endpoints));
+        for (size_t i = 0; rp.bypass_endpoints && i < c->nbypass_workers; i++) {
+            const char *u = c->bypass_workers[i];
+            size_t n = strlen(u);
+            while (n && u[n - 1] == '/')
+                n--;
+            if (asprintf(&rp.bypass_endpoints[i], "%.*s/v1/chat/completions", (int)n, u) < 0) {
+                rp.bypass_endpoints[i] = NULL;
+                rp.oom = true;
+            }
+        }
+        if (!rp.bypass_endpoints || rp.oom) {
+            snprintf(err, errlen, "out of memory");
+            goto done;
+        }
+    }
     out->planned = t->nturns;
     out->records = calloc(t->nturns ? t->nturns : 1, sizeof(*out->records));
     rp.header = calloc(t->nsessions ? t->nsessions : 1, sizeof(*rp.header));
     rp.next_turn = calloc(t->nsessions ? t->nsessions : 1, sizeof(*rp.next_turn));
     rp.multi = curl_multi_init();
-    int rc = -1;
     if (!out->records || !rp.header || !rp.next_turn || !rp.multi ||
         kvr_bench_pick_header_sessions(t->nsessions,
                                        kvr_bench_format_is_conversation(t->format)
@@ -748,6 +787,9 @@ done:
     free(rp.heap.v);
     free(rp.header);
     free(rp.next_turn);
+    for (size_t i = 0; rp.bypass_endpoints && i < c->nbypass_workers; i++)
+        free(rp.bypass_endpoints[i]);
+    free(rp.bypass_endpoints);
     return rc;
 }
 

@@ -45,6 +45,13 @@ typedef struct kvr_bench_config {
     long timeout_ms;             /**< whole-request timeout (libcurl CURLOPT_TIMEOUT_MS) */
     long connect_timeout_ms;     /**< connect timeout */
     size_t max_event_bytes;      /**< cap on one SSE event / error body kept, bytes */
+    double bypass_share;         /**< share of requests (0–1) sent straight to one of
+                                      `bypass_workers` instead of `url`, as another router or a
+                                      direct client would send them; each request's fate and
+                                      worker are kvr_bench_bypass_pick() of (seed, session,
+                                      turn), so every policy replays the same bypass */
+    const char *const *bypass_workers; /**< worker base URLs for bypassed requests */
+    size_t nbypass_workers;      /**< entries of bypass_workers (≥ 1 when bypass_share > 0) */
     int progress;                /**< 0 none, 1 a line every 10 s, 2 redraw a bar (a TTY) */
     volatile sig_atomic_t *stop; /**< when set to non-zero (SIGINT), stop starting requests and
                                       abort the ones in flight; may be NULL */
@@ -63,6 +70,7 @@ typedef struct kvr_bench_record {
                                     URL when the header is absent), -1 when no response */
     int decision;              /**< index into kvr_bench_run.decisions, -1 when absent */
     bool session_header;       /**< the request carried x-session-id */
+    bool bypassed;             /**< sent straight to a worker (--bypass-share), not to `url` */
     double start_s;            /**< send time, seconds since the replay started */
     double ttft_s;             /**< time to the first content byte, s; NAN when none came */
     double e2e_s;              /**< time to the end of the response, s */
@@ -102,6 +110,11 @@ void kvr_bench_run_free(kvr_bench_run *r);
  *  chosen by a seeded hash so the choice is stable across runs and policies. Writes n flags
  *  into `out`. Returns 0, or -1 when memory ran out. */
 int kvr_bench_pick_header_sessions(size_t n, double share, uint64_t seed, bool *out);
+/** Bypass choice for turn `turn` of session `session`: -1 when the request goes to the router
+ *  (probability 1 − share), else the index (uniform in [0, nworkers)) of the worker it goes to
+ *  directly. A pure function of (seed, session, turn), so every policy's run bypasses the same
+ *  requests to the same workers. share ≤ 0 or nworkers == 0 always gives -1. */
+int kvr_bench_bypass_pick(uint64_t seed, size_t session, size_t turn, double share, size_t nworkers);
 /** A think time in ms for turn `turn` of session `session`: exponential with mean `mean_ms`,
  *  a pure function of (seed, session, turn) so runs are reproducible. */
 double kvr_bench_think_ms(uint64_t seed, size_t session, size_t turn, double mean_ms);

@@ -20,11 +20,17 @@ int kvr_bench_summarize(const kvr_bench_run *run, kvr_bench_summary *s)
         const kvr_bench_record *r = &run->records[i];
         if (r->session_header)
             s->session_header++;
+        if (r->bypassed)
+            s->bypassed++;
         if (r->prompt_tokens >= 0) {
             s->with_usage++;
             s->prompt_tokens += r->prompt_tokens;
             s->cached_tokens += r->cached_tokens > 0 ? r->cached_tokens : 0;
             s->completion_tokens += r->completion_tokens > 0 ? r->completion_tokens : 0;
+            if (r->bypassed) {
+                s->bypassed_prompt_tokens += r->prompt_tokens;
+                s->bypassed_cached_tokens += r->cached_tokens > 0 ? r->cached_tokens : 0;
+            }
         }
         if (r->error >= 0) {
             s->errors++;
@@ -97,8 +103,11 @@ void kvr_bench_print_table(FILE *f, const char *title, const kvr_bench_summary *
 {
     char a[32], b[32], c[32];
     fprintf(f, "%s%s\n", title, s->interrupted ? "  (INTERRUPTED)" : "");
-    fprintf(f, "  %-22s%zu of %zu (%zu ok, %zu errors), %zu with x-session-id\n", "requests",
+    fprintf(f, "  %-22s%zu of %zu (%zu ok, %zu errors), %zu with x-session-id", "requests",
             s->requests, s->planned, s->ok, s->errors, s->session_header);
+    if (s->bypassed)
+        fprintf(f, ", %zu bypassed the router", s->bypassed);
+    fputc('\n', f);
     print_tally(f, "errors by kind", s->error_kinds);
     fprintf(f, "  %-22s%lld\n", "prompt tokens", (long long)s->prompt_tokens);
     fprintf(f, "  %-22s%lld\n", "cached tokens", (long long)s->cached_tokens);
@@ -107,6 +116,17 @@ void kvr_bench_print_table(FILE *f, const char *title, const kvr_bench_summary *
         fprintf(f, "  %-22s-\n", "hit rate");
     else
         fprintf(f, "  %-22s%.1f %%\n", "hit rate", s->hit_rate * 100);
+    if (s->bypassed) {
+        double routed = kvr_bench_ratio((double)(s->cached_tokens - s->bypassed_cached_tokens),
+                                        (double)(s->prompt_tokens - s->bypassed_prompt_tokens));
+        double byp = kvr_bench_ratio((double)s->bypassed_cached_tokens, (double)s->bypassed_prompt_tokens);
+        char ra[16] = "-", ba[16] = "-";
+        if (!isnan(routed))
+            snprintf(ra, sizeof(ra), "%.1f %%", routed * 100);
+        if (!isnan(byp))
+            snprintf(ba, sizeof(ba), "%.1f %%", byp * 100);
+        fprintf(f, "  %-22s%s routed, %s bypassed\n", "hit rate by path", ra, ba);
+    }
     fmt_s(a, sizeof(a), s->ttft_p50);
     fmt_s(b, sizeof(b), s->ttft_p90);
     fmt_s(c, sizeof(c), s->ttft_p99);
@@ -168,6 +188,17 @@ json_t *kvr_bench_summary_json(const kvr_bench_summary *s, json_t *meta)
         num(s->elapsed_s), "workers", workers ? workers : json_object(), "load_max_over_mean",
         num(s->load_max_over_mean), "decisions", tally_json(s->decisions), "interrupted",
         s->interrupted);
+    if (o) {
+        json_object_set_new(o, "bypassed_requests", json_integer((json_int_t)s->bypassed));
+        json_object_set_new(o, "bypassed_prompt_tokens", json_integer((json_int_t)s->bypassed_prompt_tokens));
+        json_object_set_new(o, "bypassed_cached_tokens", json_integer((json_int_t)s->bypassed_cached_tokens));
+        json_object_set_new(o, "routed_hit_rate",
+                            num(kvr_bench_ratio((double)(s->cached_tokens - s->bypassed_cached_tokens),
+                                                (double)(s->prompt_tokens - s->bypassed_prompt_tokens))));
+        json_object_set_new(o, "bypassed_hit_rate",
+                            num(kvr_bench_ratio((double)s->bypassed_cached_tokens,
+                                                (double)s->bypassed_prompt_tokens)));
+    }
     if (o && meta)
         json_object_set_new(o, "config", meta);
     else if (meta)
@@ -183,12 +214,12 @@ int kvr_bench_write_records(const char *path, const kvr_bench_trace *t, const kv
     for (size_t i = 0; i < run->nrecords; i++) {
         const kvr_bench_record *r = &run->records[i];
         json_t *o = json_pack(
-            "{s:s,s:i,s:i,s:s?,s:s?,s:s?,s:b,s:o,s:o,s:o,s:I,s:I,s:I}", "session",
+            "{s:s,s:i,s:i,s:s?,s:s?,s:s?,s:b,s:b,s:o,s:o,s:o,s:I,s:I,s:I}", "session",
             t->sessions[r->session].name, "turn", (int)r->turn, "status", r->status, "error",
             r->error >= 0 ? run->errors.names[r->error] : NULL, "worker",
             r->worker >= 0 ? run->workers.names[r->worker] : NULL, "decision",
             r->decision >= 0 ? run->decisions.names[r->decision] : NULL, "session_header",
-            r->session_header, "start_s", num(r->start_s), "ttft_s", num(r->ttft_s), "e2e_s",
+            r->session_header, "bypassed", r->bypassed, "start_s", num(r->start_s), "ttft_s", num(r->ttft_s), "e2e_s",
             num(r->e2e_s), "prompt_tokens", (json_int_t)r->prompt_tokens, "cached_tokens",
             (json_int_t)r->cached_tokens, "completion_tokens", (json_int_t)r->completion_tokens);
         if (o) {

@@ -26,6 +26,9 @@ typedef struct kvr_bench_summary {
     const kvr_bench_tally *decisions;   /**< decision label → count (borrowed) */
     size_t with_usage;         /**< requests whose response reported usage */
     size_t session_header;     /**< requests sent with x-session-id */
+    size_t bypassed;           /**< requests sent straight to a worker (--bypass-share) */
+    int64_t bypassed_prompt_tokens; /**< Σ usage.prompt_tokens of the bypassed requests */
+    int64_t bypassed_cached_tokens; /**< Σ cached tokens of the bypassed requests */
     int64_t prompt_tokens;     /**< Σ usage.prompt_tokens */
     int64_t cached_tokens;     /**< Σ usage.prompt_tokens_details.cached_tokens */
     int64_t completion_tokens; /**< Σ usage.completion_tokens */

@@ -4,6 +4,11 @@
 # whole fleet's KV capacity (the pooled bound: perfect pooling, the best any routing over that
 # fleet could reach). Prints one table; --json and --png write it. Usage: docs/bench.md.
 #
+# With precise in --policies every worker of every run also publishes vLLM KV events (ZeroMQ PUB
+# and replay sockets on free 127.0.0.1 ports) and kvroute subscribes to them (--kv-events), so
+# all policies run on the same fleet set-up. --bypass-share sends a share of the requests
+# straight to a random worker, past kvroute, as another router or a direct client would.
+#
 # Every process this script starts listens on 127.0.0.1, is recorded by pid, and is stopped
 # (SIGTERM, then SIGKILL after a bounded wait) when its run ends and again by the EXIT trap.
 # Every wait is bounded.
@@ -21,7 +26,12 @@ usage: scripts/compare.sh --trace FILE|DIR --format F --json OUT [options]
   --json OUT              write {"bound_hit_rate", "policies": {...}} here
   --png OUT               also draw hit rate and TTFT per policy (gnuplot)
   --workers N             workers in the fleet (default 4)
-  --policies LIST         comma-separated (default round_robin,least_load,consistent_hash,cache_aware)
+  --policies LIST         comma-separated (default round_robin,least_load,consistent_hash,cache_aware;
+                          any of kvroute's, e.g. precise: then every run's workers publish KV
+                          events and kvroute subscribes to them)
+  --bypass-share F        share of requests (0..1, default 0) sent straight to a random worker,
+                          not through kvroute (kvroute-bench --bypass-share); they still count in
+                          hit rate and TTFT. The pooled-bound run has no router and no bypass
   --kv-blocks N           KV capacity of one worker, blocks (default 32768 = 512Ki tokens;
                           see docs/bench.md for why this puts the fleet under cache pressure)
   --block-size N          tokens per KV block (default 16, vLLM's)
@@ -55,6 +65,7 @@ BOUND=1
 BENCH_EXTRA=() SIM_EXTRA=() ROUTER_EXTRA=()
 REPLAY_TIMEOUT=900
 KEEP=0
+BYPASS_SHARE=0
 MODEL=kvroute-sim-model
 
 need() { [ $# -ge 2 ] || { echo "compare.sh: $1 needs a value" >&2; exit 2; }; }
@@ -81,6 +92,7 @@ while [ $# -gt 0 ]; do
     --router-arg) need "$@"; ROUTER_EXTRA+=("$2"); shift 2 ;;
     --replay-timeout) need "$@"; REPLAY_TIMEOUT=$2; shift 2 ;;
     --keep) KEEP=1; shift ;;
+    --bypass-share) need "$@"; BYPASS_SHARE=$2; shift 2 ;;
     -h | --help) usage; exit 0 ;;
     *) echo "compare.sh: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
     esac
@@ -90,6 +102,10 @@ for n in "$WORKERS" "$KV_BLOCKS" "$BLOCK_SIZE" "$MAX_REQUESTS" "$SEED" "$REPLAY_
     [[ "$n" =~ ^[0-9]+$ ]] || { echo "compare.sh: '$n' is not a non-negative integer" >&2; exit 2; }
 done
 [ "$WORKERS" -ge 1 ] || { echo "compare.sh: --workers must be at least 1" >&2; exit 2; }
+python3 -c 'import sys; v = float(sys.argv[1]); sys.exit(0 if 0 <= v <= 1 else 1)' "$BYPASS_SHARE" \
+    2>/dev/null || { echo "compare.sh: --bypass-share must be a number in 0..1" >&2; exit 2; }
+BYPASS=0
+python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) > 0 else 1)' "$BYPASS_SHARE" && BYPASS=1
 
 for b in kvroute kvroute-sim kvroute-bench; do
     [ -x "$BUILD/$b" ] || { echo "compare.sh: $BUILD/$b is missing (run make)" >&2; exit 1; }
@@ -114,6 +130,9 @@ if [ "${MODE_ARGS[0]:-}" != "--timestamps" ] && [ "${MODE_ARGS[0]:-}" != "--rate
     ROUTER_EXTRA+=("--balance-abs-threshold=$gate")
 fi
 IFS=, read -r -a POLICY_LIST <<<"$POLICIES"
+# precise needs the workers' KV events; then every run gets them, so policies differ only by name.
+KV_EVENTS=0
+for p in "${POLICY_LIST[@]}"; do [ "$p" = precise ] && KV_EVENTS=1; done
 
 WORK=$(mktemp -d /tmp/kvroute-compare.XXXXXX)
 PIDS=()
@@ -163,18 +182,31 @@ wait_http() {
 }
 
 # start_sim NAME KV_BLOCKS SEED [extra args…]: starts one worker; sets SIM_PID and SIM_URL.
-# The sim's time scale is $SIM_TIME_SCALE when set, else $TIME_SCALE.
+# The sim's time scale is $SIM_TIME_SCALE when set, else $TIME_SCALE. With SIM_EVENTS=1 it also
+# binds a KV-event PUB and a replay socket on free 127.0.0.1 ports and sets SIM_KV to kvroute's
+# --kv-events value for it (URL=tcp://PUB,tcp://REPLAY).
 start_sim() {
-    local name=$1 blocks=$2 seed=$3 port try ts=${SIM_TIME_SCALE:-$TIME_SCALE}
+    local name=$1 blocks=$2 seed=$3 port try ts=${SIM_TIME_SCALE:-$TIME_SCALE} pub rep ev
     shift 3
     for try in 1 2 3; do
         port=$(free_port)
+        ev=()
+        SIM_KV=""
+        if [ "${SIM_EVENTS:-0}" = 1 ]; then
+            pub=$(free_port)
+            rep=$(free_port)
+            while [ "$pub" = "$port" ]; do pub=$(free_port); done
+            while [ "$rep" = "$port" ] || [ "$rep" = "$pub" ]; do rep=$(free_port); done
+            ev=(--kv-events-endpoint "tcp://127.0.0.1:$pub" --kv-events-replay-endpoint
+                "tcp://127.0.0.1:$rep" --kv-events-bind bind)
+        fi
         "$BUILD/kvroute-sim" --port "$port" --model "$MODEL" --kv-blocks "$blocks" \
-            --block-size "$BLOCK_SIZE" --time-scale "$ts" --seed "$seed" \
+            --block-size "$BLOCK_SIZE" --time-scale "$ts" --seed "$seed" ${ev[@]+"${ev[@]}"} \
             ${SIM_EXTRA[@]+"${SIM_EXTRA[@]}"} "$@" >"$WORK/$name.log" 2>&1 &
         SIM_PID=$!
         PIDS+=("$SIM_PID")
         SIM_URL="http://127.0.0.1:$port"
+        [ ${#ev[@]} -eq 0 ] || SIM_KV="$SIM_URL=tcp://127.0.0.1:$pub,tcp://127.0.0.1:$rep"
         if wait_http "$SIM_URL/health" 15 "$SIM_PID"; then return 0; fi
         stop_pids "$SIM_PID"
     done
@@ -183,11 +215,13 @@ start_sim() {
     return 1
 }
 
-# start_router POLICY URL…: sets ROUTER_PID and ROUTER_URL.
+# start_router POLICY URL…: sets ROUTER_PID and ROUTER_URL. Each entry of the KV_ARGS array
+# (URL=tcp://PUB,tcp://REPLAY) becomes a --kv-events flag.
 start_router() {
     local policy=$1 port try args=() u
     shift
     for u in "$@"; do args+=(--worker "$u"); done
+    for u in ${KV_ARGS[@]+"${KV_ARGS[@]}"}; do args+=(--kv-events "$u"); done
     for try in 1 2 3; do
         port=$(free_port)
         "$BUILD/kvroute" "${args[@]}" --policy "$policy" --host 127.0.0.1 --port "$port" \
@@ -212,27 +246,55 @@ start_router() {
     return 1
 }
 
-# scrape URL…: prints "hits queries" summed over the workers' vLLM prefix-cache counters.
+# scrape URL…: prints "hits queries missing": the workers' vLLM prefix-cache counters summed, and
+# how many workers gave none (each is asked up to 3 times; a missed worker must not pass for one
+# that served nothing).
 scrape() {
-    local u hits=0 queries=0 h q
+    local u hits=0 queries=0 missing=0 h q try body
     for u in "$@"; do
-        read -r h q < <(curl -s -m 5 "$u/metrics" | awk '
+        body=""
+        for try in 1 2 3; do
+            body=$(curl -s -m 10 "$u/metrics" 2>/dev/null || true)
+            grep -q '^vllm:prefix_cache_queries_total[{ ]' <<<"$body" && break
+            body=""
+            sleep 1
+        done
+        if [ -z "$body" ]; then
+            echo "compare.sh: warning: no prefix-cache counters from $u/metrics; using the bench's usage sums" >&2
+            missing=$((missing + 1))
+            continue
+        fi
+        read -r h q < <(awk '
             /^vllm:prefix_cache_hits_total[{ ]/ { h += $NF }
             /^vllm:prefix_cache_queries_total[{ ]/ { q += $NF }
-            END { printf "%.0f %.0f\n", h, q }')
+            END { printf "%.0f %.0f\n", h, q }' <<<"$body")
         hits=$((hits + h))
         queries=$((queries + q))
     done
-    echo "$hits $queries"
+    echo "$hits $queries $missing"
 }
 
-# replay NAME URL: runs kvroute-bench, leaving $WORK/NAME.json and NAME.txt.
+# warn_refused LOG…: a worker that refused client connections (its connection caps) turned
+# requests into transfer errors or kvroute retries; say so rather than let it pass as routing.
+warn_refused() {
+    local n
+    n=$(cat "$@" 2>/dev/null | grep -c 'refusing a connection' || true)
+    [ "${n:-0}" = 0 ] || echo "compare.sh: warning: workers refused $n client connections (kvroute-sim logs: \"refusing a connection\"); rerun with --keep to read them" >&2
+}
+
+# replay NAME URL [BYPASS_WORKER_URL…]: runs kvroute-bench, leaving $WORK/NAME.json and
+# NAME.txt. With worker URLs and --bypass-share, that share of requests goes to them directly.
 replay() {
-    local name=$1 url=$2 rc=0
+    local name=$1 url=$2 rc=0 u
+    shift 2
     local args=(--url "$url" --model "$MODEL" --trace "$TRACE" --format "$FORMAT"
         "${MODE_ARGS[@]}" --time-scale "$TIME_SCALE" --think-ms "$THINK_MS" --seed "$SEED"
         --json "$WORK/$name.json" --progress lines)
     [ "$MAX_REQUESTS" -gt 0 ] && args+=(--max-requests "$MAX_REQUESTS")
+    if [ "$BYPASS" = 1 ] && [ $# -gt 0 ]; then
+        args+=(--bypass-share "$BYPASS_SHARE")
+        for u in "$@"; do args+=(--bypass-worker "$u"); done
+    fi
     # In the background and waited for, so a signal to this script runs its trap at once
     # (the trap's SIGTERM reaches kvroute-bench through timeout, which forwards it).
     timeout --signal=INT --kill-after=10 "$REPLAY_TIMEOUT" "$BUILD/kvroute-bench" "${args[@]}" \
@@ -249,7 +311,7 @@ replay() {
     return 0
 }
 
-echo "compare.sh: $FORMAT trace $TRACE, $WORKERS workers x $KV_BLOCKS blocks of $BLOCK_SIZE tokens, time scale $TIME_SCALE, ${MODE_ARGS[*]}" >&2
+echo "compare.sh: $FORMAT trace $TRACE, $WORKERS workers x $KV_BLOCKS blocks of $BLOCK_SIZE tokens, time scale $TIME_SCALE, ${MODE_ARGS[*]}, bypass share $BYPASS_SHARE$([ "$KV_EVENTS" = 1 ] && echo ", KV events on")" >&2
 
 # Sims of the fleet get the same seeds in every run, so runs differ only by the policy.
 if [ "$BOUND" = 1 ]; then
@@ -264,37 +326,79 @@ if [ "$BOUND" = 1 ]; then
     replay bound "$SIM_URL"
     scrape "$SIM_URL" >"$WORK/bound.metrics"
     stop_pids "$SIM_PID"
+    warn_refused "$WORK/bound.log"
 fi
 
 for policy in "${POLICY_LIST[@]}"; do
     echo "compare.sh: policy $policy" >&2
-    urls=() pids=()
+    urls=() pids=() KV_ARGS=()
     for i in $(seq "$WORKERS"); do
-        start_sim "w$i-$policy" "$KV_BLOCKS" $((SEED + i))
+        SIM_EVENTS=$KV_EVENTS start_sim "w$i-$policy" "$KV_BLOCKS" $((SEED + i))
         urls+=("$SIM_URL")
         pids+=("$SIM_PID")
+        [ -z "$SIM_KV" ] || KV_ARGS+=("$SIM_KV")
     done
     start_router "$policy" "${urls[@]}"
-    replay "$policy" "$ROUTER_URL"
+    replay "$policy" "$ROUTER_URL" "${urls[@]}"
     scrape "${urls[@]}" >"$WORK/$policy.metrics"
+    # kvroute's own view: decisions it counted, prediction error, KV-event trust states.
+    curl -s -m 5 "$ROUTER_URL/metrics" >"$WORK/$policy.router.prom" || true
     printf '%s\n' "${urls[@]}" >"$WORK/$policy.workers"
     stop_pids "$ROUTER_PID" "${pids[@]}"
+    warn_refused "$WORK"/w*-"$policy".log
 done
 
 python3 - "$WORK" "$JSON_OUT" "$WORKERS" "$BOUND" "$FORMAT" "$TRACE" "$KV_BLOCKS" "$BLOCK_SIZE" \
-    "$TIME_SCALE" "${POLICY_LIST[@]}" <<'PY'
-import json, math, os, sys
+    "$TIME_SCALE" "$BYPASS_SHARE" "$KV_EVENTS" "${POLICY_LIST[@]}" <<'PY'
+import json, math, os, re, sys
 
-work, out, workers, bound, fmt, trace, kv, bs, ts = sys.argv[1:10]
-policies = sys.argv[10:]
+work, out, workers, bound, fmt, trace, kv, bs, ts, bypass, kv_events = sys.argv[1:12]
+policies = sys.argv[12:]
 workers = int(workers)
+KV_STATES = {0: "exact", 1: "degraded", 2: "fallback"}
+
+
+def router_metrics(name):
+    """kvroute's /metrics at the end of the run: prediction error (histogram
+    kvroute_cache_prediction_error_tokens, summed over models: mean = _sum / _count),
+    mispredictions, requests it answered, KV-event trust per worker, tokenize sources."""
+    path = os.path.join(work, name + ".router.prom")
+    m = {"pred_sum": 0.0, "pred_count": 0.0, "mispredictions": 0.0, "router_requests": 0.0,
+         "kv_events_state": {}, "tokenize": {}}
+    if not os.path.exists(path):
+        return None
+    line_re = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)$')
+    with open(path) as f:
+        for line in f:
+            mm = line_re.match(line.strip())
+            if not mm or line.startswith("#"):
+                continue
+            metric, labels, value = mm.group(1), dict(re.findall(r'(\w+)="([^"]*)"', mm.group(2) or "")), float(mm.group(3))
+            if metric == "kvroute_cache_prediction_error_tokens_sum":
+                m["pred_sum"] += value
+            elif metric == "kvroute_cache_prediction_error_tokens_count":
+                m["pred_count"] += value
+            elif metric == "kvroute_cache_mispredictions_total":
+                m["mispredictions"] += value
+            elif metric == "kvroute_requests_total" and labels.get("endpoint", "").startswith("/v1/"):
+                m["router_requests"] += value
+            elif metric == "kvroute_kv_events_state":
+                m["kv_events_state"][labels.get("worker", "")] = KV_STATES.get(int(value), value)
+            elif metric == "kvroute_tokenize_total":
+                src = labels.get("source", "")
+                m["tokenize"][src] = m["tokenize"].get(src, 0) + int(value)
+    return m
 
 
 def load(name):
     with open(os.path.join(work, name + ".json")) as f:
         b = json.load(f)
     with open(os.path.join(work, name + ".metrics")) as f:
-        hits, queries = (int(x) for x in f.read().split())
+        v = [int(x) for x in f.read().split()]
+    hits, queries, missing = v[0], v[1], (v[2] if len(v) > 2 else 0)
+    if missing:
+        # A worker's counters could not be read: the bench's usage sums cover every answer.
+        hits, queries = b["cached_tokens"], b["prompt_tokens"]
     # Hit rate from the workers' own counters (what the engine computed); the bench's usage sums
     # are kept to cross-check them.
     hr = hits / queries if queries else b.get("hit_rate")
@@ -315,7 +419,7 @@ if bound == "1":
     result["bound"] = {"hit_rate": hr, "prompt_tokens": queries, "cached_tokens": hits,
                        "bench_hit_rate": b.get("hit_rate"), "ttft_p50_s": b["ttft_s"]["p50"],
                        "ttft_p99_s": b["ttft_s"]["p99"], "e2e_p50_s": b["e2e_s"]["p50"],
-                       "errors": b["errors"], "requests": b["requests"]}
+                       "errors": b["errors"], "errors_by_kind": b["errors_by_kind"], "requests": b["requests"]}
     rows.append(("pooled bound", result["bound"], None))
 rr_uncached = None
 for p in policies:
@@ -339,7 +443,22 @@ for p in policies:
         "bench_hit_rate": b.get("hit_rate"),
         "decisions": b["decisions"],
         "worker_requests": b["workers"] and {k: v["requests"] for k, v in b["workers"].items()},
+        "bypass_share": float(bypass),
+        "bypassed_requests": b.get("bypassed_requests", 0),
+        # The bench's usage sums split by path (kvroute → worker, or straight to a worker).
+        "routed_hit_rate": b.get("routed_hit_rate"),
+        "bypassed_hit_rate": b.get("bypassed_hit_rate"),
     }
+    rm = router_metrics(p)
+    if rm is not None:
+        pc = rm["pred_count"]
+        row["router_requests"] = int(rm["router_requests"])
+        row["predictions"] = int(pc)
+        row["prediction_error_mean_tokens"] = (rm["pred_sum"] / pc) if pc else None
+        row["mispredictions"] = int(rm["mispredictions"])
+        row["misprediction_rate"] = (rm["mispredictions"] / pc) if pc else None
+        row["kv_events_state"] = rm["kv_events_state"]
+        row["tokenize"] = rm["tokenize"]
     row["uncached_tokens"] = row["prompt_tokens"] - row["cached_tokens"]
     if p == "round_robin":
         rr_uncached = row["uncached_tokens"]
@@ -348,27 +467,43 @@ for p in policies:
 for p, row in result["policies"].items():
     row["uncached_vs_round_robin"] = (row["uncached_tokens"] / rr_uncached) if rr_uncached else None
 result["setup"] = {"format": fmt, "trace": trace, "workers": workers, "kv_blocks_per_worker": int(kv),
-                   "block_size": int(bs), "time_scale": float(ts)}
+                   "block_size": int(bs), "time_scale": float(ts), "bypass_share": float(bypass),
+                   "kv_events": kv_events == "1"}
 with open(out, "w") as f:
     json.dump(result, f, indent=2)
     f.write("\n")
 
-print("policy comparison: %s (%s), %d workers x %s blocks of %s tokens, time scale %s"
-      % (fmt, trace, workers, kv, bs, ts))
+print("policy comparison: %s (%s), %d workers x %s blocks of %s tokens, time scale %s%s"
+      % (fmt, trace, workers, kv, bs, ts,
+         ", bypass share %s" % bypass if float(bypass) > 0 else ""))
 hdr = ("policy", "requests", "errors", "hit rate", "of bound", "uncached tok", "vs RR",
-       "TTFT p50", "TTFT p99", "E2E p50", "load max/mean")
-print("%-16s %8s %6s %8s %8s %13s %6s %9s %9s %9s %13s" % hdr)
+       "TTFT p50", "TTFT p99", "E2E p50", "load max/mean", "pred err", "mispred")
+print("%-16s %8s %6s %8s %8s %13s %6s %9s %9s %9s %13s %9s %8s" % hdr)
 for name, row, _ in rows:
     unc = row["prompt_tokens"] - row["cached_tokens"]
-    print("%-16s %8d %6d %8s %8s %13d %6s %9s %9s %9s %13s" % (
+    print("%-16s %8d %6d %8s %8s %13d %6s %9s %9s %9s %13s %9s %8s" % (
         name, row["requests"], row["errors"], fnum(row["hit_rate"], pct=True),
         fnum(row.get("bound_fraction"), digits=2) if name != "pooled bound" else "1.00",
         unc, fnum(row.get("uncached_vs_round_robin"), digits=2),
         fnum(row["ttft_p50_s"]), fnum(row["ttft_p99_s"]), fnum(row["e2e_p50_s"]),
-        fnum(row.get("load_max_over_mean"), digits=2)))
+        fnum(row.get("load_max_over_mean"), digits=2),
+        fnum(row.get("prediction_error_mean_tokens"), digits=1),
+        fnum(row.get("misprediction_rate"), pct=True)))
+print("(pred err: kvroute's mean |predicted - reported| cached tokens per answer; mispred: share "
+      "of answers off by more than a block; '-': the policy predicts nothing)")
 for name, row, b in rows:
     if row["errors"]:
         print("  %s errors: %s" % (name, json.dumps(row.get("errors_by_kind", {}))))
+    if row.get("bypassed_requests"):
+        print("  %s: %d requests bypassed kvroute (hit rate %s), %d went through it (hit rate %s)" % (
+            name, row["bypassed_requests"], fnum(row.get("bypassed_hit_rate"), pct=True),
+            row.get("router_requests", 0), fnum(row.get("routed_hit_rate"), pct=True)))
+    if row.get("kv_events_state") and name == "precise":
+        states = {}
+        for st in row["kv_events_state"].values():
+            states[st] = states.get(st, 0) + 1
+        print("  %s: decisions %s; KV events at the end: %s; token ids from %s" % (
+            name, json.dumps(row["decisions"]), json.dumps(states), json.dumps(row.get("tokenize", {}))))
 PY
 
 if [ -n "$PNG_OUT" ]; then

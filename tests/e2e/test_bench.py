@@ -163,6 +163,87 @@ def test_bad_arguments(tmp_path, args, code, msg):
     assert msg in r.stderr
 
 
+def test_bypass_share_sends_requests_straight_to_workers(stub, tmp_path):
+    """--bypass-share: that share of requests skips --url for a --bypass-worker, chosen per
+    request by the seed; they count in the totals and under the worker they reached."""
+    router = stub("--worker-header", "http://router-picked")
+    w1, w2 = stub(), stub()
+    trace = tau_trace(tmp_path / "tau.jsonl", conversations=10, turns=4)
+    out, rec = tmp_path / "out.json", tmp_path / "rec.jsonl"
+    args = ("--url", router, "--trace", str(trace), "--format", "tau", "--concurrency", "4",
+            "--think-ms", "0", "--bypass-share", "0.5", "--bypass-worker", w1,
+            "--bypass-worker", w2 + "/", "--json", str(out), "--records", str(rec))
+    r = bench(*args)
+    assert r.returncode == 0, r.stderr
+    j = json.loads(out.read_text())
+    n1, n2 = metrics(w1)["stub_requests_total"], metrics(w2)["stub_requests_total"]
+    nr = metrics(router)["stub_requests_total"]
+    assert j["requests"] == j["ok"] == 40 and nr + n1 + n2 == 40
+    assert j["bypassed_requests"] == n1 + n2 and 8 <= n1 + n2 <= 32 and n1 > 0 and n2 > 0
+    assert j["workers"][w1]["requests"] == n1 and j["workers"][w2 + "/"]["requests"] == n2
+    assert j["workers"]["http://router-picked"]["requests"] == nr
+    assert j["decisions"] == {"stub": nr}  # bypassed answers carry no router decision
+    assert "bypassed the router" in r.stdout and "hit rate by path" in r.stdout
+    recs = [json.loads(line) for line in rec.read_text().splitlines()]
+    assert sum(x["bypassed"] for x in recs) == n1 + n2
+    assert j["config"]["bypass_share"] == 0.5 and j["config"]["bypass_workers"] == [w1, w2 + "/"]
+    # The split of usage sums adds up to the totals.
+    assert 0 <= j["bypassed_prompt_tokens"] <= j["prompt_tokens"]
+    assert j["routed_hit_rate"] is not None and j["bypassed_hit_rate"] is not None
+    # Same seed, same requests bypassed to the same workers.
+    out2, rec2 = tmp_path / "out2.json", tmp_path / "rec2.jsonl"
+    r = bench(*args[:-4], "--json", str(out2), "--records", str(rec2))
+    assert r.returncode == 0, r.stderr
+    again = {(x["session"], x["turn"]): x["worker"] for x in map(json.loads, rec2.read_text().splitlines())}
+    assert again == {(x["session"], x["turn"]): x["worker"] for x in recs}
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--bypass-share", "0.5"], "needs at least one --bypass-worker"),
+    (["--bypass-share", "1.5", "--bypass-worker", "http://127.0.0.1:1"], "bad value"),
+    (["--bypass-share", "0.5", "--bypass-worker", "127.0.0.1:1"], "bad value"),
+])
+def test_bypass_bad_arguments(tmp_path, args, msg):
+    trace = tau_trace(tmp_path / "tau.jsonl", conversations=1, turns=1)
+    r = bench("--url", "http://127.0.0.1:1", "--model", "m", "--trace", str(trace), "--format",
+              "tau", *args)
+    assert r.returncode == 2
+    assert msg in r.stderr
+
+
+COMPARE = REPO / "scripts" / "compare.sh"
+
+
+@pytest.mark.skipif(not ((BUILD / "kvroute").exists() and (BUILD / "kvroute-sim").exists()),
+                    reason="kvroute or kvroute-sim not built")
+def test_compare_bypass_all_skips_kvroute(tmp_path):
+    """compare.sh --bypass-share 1 with precise: every request reaches a sim directly, kvroute
+    answers none (its kvroute_requests_total stays 0) yet the sims served and cached them; the
+    workers' KV events reached kvroute (trust exact) though it routed nothing."""
+    trace = tau_trace(tmp_path / "tau.jsonl", conversations=4, turns=3)
+    out = tmp_path / "cmp.json"
+    env = dict(os.environ, KVROUTE_BUILD=str(BUILD))
+    r = subprocess.run(["bash", str(COMPARE), "--trace", str(trace), "--format", "tau",
+                        "--json", str(out), "--workers", "2", "--policies", "precise",
+                        "--no-bound", "--think-ms", "0", "--bypass-share", "1",
+                        "--concurrency", "2",
+                        "--replay-timeout", "30"],
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0, r.stderr
+    row = json.loads(out.read_text())["policies"]["precise"]
+    assert row["requests"] == 12 and row["errors"] == 0
+    assert row["bypassed_requests"] == 12 and row["router_requests"] == 0
+    assert row["decisions"] == {} and row["predictions"] == 0
+    assert row["prompt_tokens"] > 0 and row["cached_tokens"] > 0  # the sims' own counters
+    assert sum(row["worker_requests"].values()) == 12
+    assert set(row["kv_events_state"].values()) <= {"exact", "degraded"}
+    assert "12 requests bypassed kvroute" in r.stdout
+    bad = subprocess.run(["bash", str(COMPARE), "--trace", str(trace), "--format", "tau",
+                          "--json", str(out), "--bypass-share", "2"],
+                         capture_output=True, text=True, timeout=30, env=env)
+    assert bad.returncode == 2 and "--bypass-share" in bad.stderr
+
+
 def test_missing_trace_file(tmp_path):
     r = bench("--url", "http://127.0.0.1:1", "--model", "m", "--trace", str(tmp_path / "nope"),
               "--format", "tau")

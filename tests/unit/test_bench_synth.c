@@ -170,6 +170,39 @@ static void test_think_time(void **state)
     assert_float_equal(sum / 20000, 1000, 50); /* exponential with mean 1000 ms */
 }
 
+/* --bypass-share: the share of requests bypassed is close to the share asked, each of the
+ * workers gets about as many, and the choice is a pure function of (seed, session, turn). */
+static void test_bypass_pick(void **state)
+{
+    (void)state;
+    enum { N = 20000, W = 4 };
+    size_t per[W] = {0}, bypassed = 0;
+    for (size_t i = 0; i < N; i++) {
+        int w = kvr_bench_bypass_pick(1, i / 10, i % 10, 0.3, W);
+        assert_true(w >= -1 && w < W);
+        assert_int_equal(w, kvr_bench_bypass_pick(1, i / 10, i % 10, 0.3, W));
+        if (w >= 0) {
+            bypassed++;
+            per[w]++;
+        }
+    }
+    assert_true(bypassed > N * 0.28 && bypassed < N * 0.32);
+    for (int w = 0; w < W; w++)
+        assert_true(per[w] > bypassed / W * 0.9 && per[w] < bypassed / W * 1.1);
+    /* Share 0 (or no workers) never bypasses; share 1 always does. */
+    size_t differ = 0;
+    for (size_t i = 0; i < 1000; i++) {
+        assert_int_equal(kvr_bench_bypass_pick(1, i, 0, 0, W), -1);
+        assert_int_equal(kvr_bench_bypass_pick(1, i, 0, 1, 0), -1);
+        int w = kvr_bench_bypass_pick(1, i, 0, 1, W);
+        assert_true(w >= 0 && w < W);
+        assert_int_equal(kvr_bench_bypass_pick(1, i, 0, 1, 1), 0);
+        /* Another seed, another choice. */
+        differ += w != kvr_bench_bypass_pick(2, i, 0, 1, W);
+    }
+    assert_true(differ > 500);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -180,6 +213,7 @@ int main(void)
         cmocka_unit_test(test_random_text_unique),
         cmocka_unit_test(test_header_sessions),
         cmocka_unit_test(test_think_time),
+        cmocka_unit_test(test_bypass_pick),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
