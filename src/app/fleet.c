@@ -334,8 +334,9 @@ int kvr_app_apply(kvr_app *app, kvr_config *c, kvr_errlist *errs)
             kvr_worker_set_api_key(w, ext.keys[i]);
             w->max_inflight = ws->max_inflight;
             kvr_kv_events_spec kv = {ws->kv_endpoint, ws->kv_replay_endpoint, ws->kv_topic};
-            if (app->kv)
-                kvr_kv_events_configure(app->kv, w, ws->kv_endpoint ? &kv : NULL);
+            if (app->kv && kvr_kv_events_configure(app->kv, w, ws->kv_endpoint ? &kv : NULL) < 0)
+                KVR_ERROR("msg=\"KV-event endpoint refused\" worker=%s endpoint=%s", w->url,
+                          ws->kv_endpoint);
             /* The old endpoint's occupancy says nothing about the new one's cache. */
             if (kvr_worker_set_lmcache(w, ws->lmcache_endpoint))
                 kvr_metric_remove_matching(app->m.lmcache_occupancy, "worker", w->url);

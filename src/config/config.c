@@ -450,16 +450,11 @@ static void check_workers(const kvr_config *c, kvr_errlist *errs)
     }
 }
 
-/* "tcp://HOST:PORT" with a numeric port, what ZeroMQ dials (vLLM's endpoint form). */
+/* "tcp://HOST:PORT", what kvroute resolves and ZeroMQ dials (the runtime's own parser). */
 static int zmq_endpoint_ok(const char *e)
 {
-    if (strncmp(e, "tcp://", 6) != 0 || strpbrk(e + 6, " \t\r\n/?#@"))
-        return 0;
-    const char *colon = strrchr(e + 6, ':');
-    if (!colon || colon == e + 6 || !colon[1] || strspn(colon + 1, "0123456789") != strlen(colon + 1))
-        return 0;
-    long port = strtol(colon + 1, NULL, 10);
-    return port > 0 && port <= 65535 && strlen(colon + 1) <= 5;
+    char host[256], port[16];
+    return kvr_kv_events_split(e, host, sizeof(host), port, sizeof(port)) == 0;
 }
 
 /* --kv-events WORKER_URL=ENDPOINT[,REPLAY] over the workers' own kv_events, then the shape of
@@ -490,7 +485,9 @@ static void check_kv_events(kvr_config *c, kvr_errlist *errs)
         for (int k = 0; k < 2; k++)
             if (eps[k] && !zmq_endpoint_ok(eps[k]))
                 kvr_errlist_add(errs, "%s: worker '%s': KV-event endpoint '%s' is malformed "
-                                "(expected tcp://HOST:PORT)", at, w->name, eps[k]);
+                                "(expected tcp://HOST:PORT with the worker's host: vLLM's "
+                                "tcp://*:PORT is where it binds, not an address to dial)",
+                                at, w->name, eps[k]);
         if (!w->kv_endpoint && w->kv_replay_endpoint)
             kvr_errlist_add(errs, "%s: worker '%s': a replay endpoint needs an endpoint", at,
                             w->name);

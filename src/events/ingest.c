@@ -15,6 +15,7 @@
 
 #define POLL_MS 50           /* longest wait before commands and timers are looked at */
 #define NO_SEQ UINT64_MAX    /* also vLLM's end-of-replay marker */
+#define WARN_EVERY_MS 60000  /* fallback warnings per worker */
 
 typedef enum { P_CONNECTING, P_REPLAYING, P_LIVE, P_FALLBACK } phase;
 
@@ -22,6 +23,7 @@ typedef struct pending {
     struct pending *next;
     uint64_t seq;
     kvr_kv_batch *batch;
+    size_t bytes;                /* its payload's size, for the bound on buffered bytes */
 } pending;
 
 typedef struct sub {
@@ -32,6 +34,7 @@ typedef struct sub {
     void *sock, *dealer, *mon;
     phase ph;
     kvr_kv_trust told;           /* last state sent to the loop */
+    int told_partial;            /* ... and its partial flag */
     int connected;
     uint64_t since_ms;           /* phase entered / added */
     uint64_t last_seq;           /* last delivered, NO_SEQ = none */
@@ -45,8 +48,12 @@ typedef struct sub {
     unsigned failures;
     uint64_t retry_at;
     pending *pend, *pend_tail;   /* live batches that arrived during a replay */
-    size_t npend;
+    size_t npend, pend_bytes;
+    int partial_history;         /* the last full replay found the worker's buffer started
+                                    later: blocks stored before it are unknown */
     int resync_after_overflow;
+    uint64_t warned_ms;          /* last fallback warning */
+    unsigned opens;              /* sockets opened so far (names the monitor endpoint) */
     kvr_kv_stream_stats st;      /* guarded by the ingest mutex */
 } sub;
 
@@ -129,7 +136,7 @@ static int push(kvr_kv_ingest *ing, sub *s, kvr_kv_op_kind kind, uint64_t seq,
         return -1;
     }
     *op = (kvr_kv_op){.kind = kind, .worker = s->worker, .gen = s->gen, .seq = seq,
-                      .batch = batch, .state = state};
+                      .batch = batch, .state = state, .partial = s->partial_history};
     if (ing->ops_tail)
         ing->ops_tail->next = op;
     else
@@ -144,10 +151,11 @@ static int push(kvr_kv_ingest *ing, sub *s, kvr_kv_op_kind kind, uint64_t seq,
 
 static void tell(kvr_kv_ingest *ing, sub *s, kvr_kv_trust t)
 {
-    if (s->told == t)
+    if (s->told == t && s->told_partial == s->partial_history)
         return;
     if (push(ing, s, KVR_KV_OP_STATE, 0, NULL, t) == 0) {
         s->told = t;
+        s->told_partial = s->partial_history;
         KVR_INFO("kv-events: worker %zu events %s (%s)", s->worker, kvr_kv_trust_name(t), s->ep);
     }
 }
@@ -177,6 +185,7 @@ static void drop_pending(sub *s)
     }
     s->pend_tail = NULL;
     s->npend = 0;
+    s->pend_bytes = 0;
 }
 
 /* ---- sockets ---- */
@@ -221,7 +230,8 @@ static int open_sub(kvr_kv_ingest *ing, sub *s)
     zmq_setsockopt(s->sock, ZMQ_RECONNECT_IVL_MAX, &ivl_max, sizeof(ivl_max));
     zmq_setsockopt(s->sock, ZMQ_SUBSCRIBE, s->topic, strlen(s->topic));
     /* The monitor tells whether anything listens at the endpoint (SUB sockets are silent). */
-    snprintf(mon, sizeof(mon), "inproc://kvr-mon-%zu-%llu", s->worker, (unsigned long long)s->gen);
+    snprintf(mon, sizeof(mon), "inproc://kvr-mon-%zu-%llu-%u", s->worker,
+             (unsigned long long)s->gen, ++s->opens);
     if (zmq_socket_monitor(s->sock, mon, ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) == 0) {
         s->mon = zmq_socket(ing->zctx, ZMQ_PAIR);
         if (s->mon && zmq_connect(s->mon, mon) != 0)
@@ -312,7 +322,7 @@ static void want(sub *s, int kind)
         s->want_replay = kind;
 }
 
-static void deliver(kvr_kv_ingest *ing, sub *s, uint64_t seq, kvr_kv_batch *b);
+static void deliver(kvr_kv_ingest *ing, sub *s, uint64_t seq, kvr_kv_batch *b, size_t bytes);
 
 static void start_replay(kvr_kv_ingest *ing, sub *s, uint64_t now)
 {
@@ -343,9 +353,12 @@ static void start_replay(kvr_kv_ingest *ing, sub *s, uint64_t now)
 
 static void fallback(kvr_kv_ingest *ing, sub *s, uint64_t now, const char *why)
 {
-    if (s->ph != P_FALLBACK)
+    /* Said once a minute at most: an endpoint that is not a publisher flaps for ever. */
+    if (s->ph != P_FALLBACK && (!s->warned_ms || now - s->warned_ms >= WARN_EVERY_MS)) {
         KVR_WARN("kv-events: worker %zu (%s): %s; routing it approximately, retrying every "
                  "%llu ms", s->worker, s->ep, why, (unsigned long long)ing->cfg.retry_ms);
+        s->warned_ms = now;
+    }
     s->ph = P_FALLBACK;
     s->retry_at = now + ing->cfg.retry_ms;
     s->want_replay = 0;
@@ -373,19 +386,25 @@ static void end_replay(kvr_kv_ingest *ing, sub *s, uint64_t now, kvr_kv_replay_r
         return;
     }
     s->failures = 0;
+    if (s->full)
+        s->partial_history = r == KVR_KV_REPLAY_PARTIAL;
     s->ph = P_LIVE;
     /* Live batches that arrived meanwhile, in arrival order; the first gap starts a repair. */
     while (s->pend && !s->want_replay) {
         pending *p = s->pend;
         s->pend = p->next;
+        if (!s->pend)
+            s->pend_tail = NULL; /* deliver() may buffer again: never through a freed tail */
         s->npend--;
+        s->pend_bytes -= p->bytes;
         uint64_t seq = p->seq;
         kvr_kv_batch *b = p->batch;
+        size_t bytes = p->bytes;
         free(p);
         if (s->last_seq != NO_SEQ && seq <= s->last_seq)
             kvr_kv_batch_free(b);  /* the replay already brought it */
         else
-            deliver(ing, s, seq, b);
+            deliver(ing, s, seq, b, bytes);
     }
     if (!s->pend)
         s->pend_tail = NULL;
@@ -457,9 +476,11 @@ static void on_replay_msg(kvr_kv_ingest *ing, sub *s, uint64_t now)
 
 /* ---- live stream ---- */
 
-static void buffer_live(kvr_kv_ingest *ing, sub *s, uint64_t seq, kvr_kv_batch *b)
+static void buffer_live(kvr_kv_ingest *ing, sub *s, uint64_t seq, kvr_kv_batch *b, size_t bytes)
 {
-    if (s->npend >= ing->cfg.queue_batches) {
+    /* Bounded in count and in bytes (one message may be --kv-events-max-bytes). */
+    if (s->npend >= ing->cfg.queue_batches ||
+        s->pend_bytes + bytes > ing->cfg.max_message_bytes) {
         kvr_kv_batch_free(b);  /* the gap this leaves is repaired after the replay */
         return;
     }
@@ -468,7 +489,8 @@ static void buffer_live(kvr_kv_ingest *ing, sub *s, uint64_t seq, kvr_kv_batch *
         kvr_kv_batch_free(b);
         return;
     }
-    *p = (pending){.seq = seq, .batch = b};
+    *p = (pending){.seq = seq, .batch = b, .bytes = bytes};
+    s->pend_bytes += bytes;
     if (s->pend_tail)
         s->pend_tail->next = p;
     else
@@ -479,7 +501,7 @@ static void buffer_live(kvr_kv_ingest *ing, sub *s, uint64_t seq, kvr_kv_batch *
 
 /* One live (or buffered) batch in LIVE phase: contiguous → delivered; else a repair. `b` may
  * be NULL (malformed payload: its seq still counts, its content is lost). */
-static void deliver(kvr_kv_ingest *ing, sub *s, uint64_t seq, kvr_kv_batch *b)
+static void deliver(kvr_kv_ingest *ing, sub *s, uint64_t seq, kvr_kv_batch *b, size_t bytes)
 {
     uint64_t now = kvr_now_ms();
     /* After a full replay of an empty history the next batch is seq 0. */
@@ -510,17 +532,19 @@ static void deliver(kvr_kv_ingest *ing, sub *s, uint64_t seq, kvr_kv_batch *b)
     if (!restart)
         COUNT(ing, s, gaps);
     if (!s->rep) {
-        kvr_kv_batch_free(b);
         push(ing, s, KVR_KV_OP_CLEAR, 0, NULL, 0);
         set_last(ing, s, seq);
-        if (restart && seq == 0) {
+        if (restart && seq == 0) {  /* a fresh engine: its first batch starts the new history */
+            if (b)
+                push(ing, s, KVR_KV_OP_BATCH, seq, b, 0);
             tell(ing, s, KVR_KV_EXACT);
             return;
         }
+        kvr_kv_batch_free(b);
         fallback(ing, s, now, "events were lost and there is no replay endpoint");
         return;
     }
-    buffer_live(ing, s, seq, b);
+    buffer_live(ing, s, seq, b, bytes);
     want(s, restart ? 2 : 1);
     s->ph = P_REPLAYING;
     tell(ing, s, KVR_KV_DEGRADED);
@@ -539,8 +563,8 @@ static void on_live_msg(kvr_kv_ingest *ing, sub *s)
         return;
     }
     char err[128];
-    kvr_kv_batch *b = kvr_kv_decode(zmq_msg_data(&parts[2]), zmq_msg_size(&parts[2]), err,
-                                    sizeof(err));
+    size_t bytes = zmq_msg_size(&parts[2]);
+    kvr_kv_batch *b = kvr_kv_decode(zmq_msg_data(&parts[2]), bytes, err, sizeof(err));
     close_parts(parts, n);
     if (!b) {
         COUNT(ing, s, malformed);
@@ -549,10 +573,10 @@ static void on_live_msg(kvr_kv_ingest *ing, sub *s)
     }
     switch (s->ph) {
     case P_REPLAYING:
-        buffer_live(ing, s, seq, b);
+        buffer_live(ing, s, seq, b, bytes);
         break;
     case P_LIVE:
-        deliver(ing, s, seq, b);
+        deliver(ing, s, seq, b, bytes);
         break;
     default:  /* connecting or fallback: the resynchronisation will fetch it */
         kvr_kv_batch_free(b);
@@ -667,6 +691,18 @@ static void timers(kvr_kv_ingest *ing, sub *s, uint64_t now)
             s->ph = P_REPLAYING;
         } else {
             s->retry_at = now + ing->cfg.retry_ms;  /* only an engine restart can help */
+        }
+    }
+    /* Disconnected for good? libzmq does not redial after a protocol error (a message over
+     * --kv-events-max-bytes): a fresh socket does. */
+    if (s->ph == P_FALLBACK && !s->connected && now >= s->retry_at) {
+        close_sub(ing, s);
+        s->ph = P_CONNECTING;
+        s->since_ms = now;
+        s->retry_at = now + ing->cfg.retry_ms;
+        if (open_sub(ing, s) < 0) {
+            close_sub(ing, s);
+            fallback(ing, s, now, "cannot open the event sockets");
         }
     }
     if (s->resync_after_overflow) {

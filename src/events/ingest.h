@@ -69,6 +69,9 @@ typedef struct kvr_kv_op {
     uint64_t seq;             /**< BATCH: its sequence number */
     kvr_kv_batch *batch;      /**< BATCH */
     kvr_kv_trust state;       /**< STATE */
+    int partial;              /**< STATE: the worker's history before its replay buffer is
+                                   unknown (a full replay started later than seq 0), so blocks
+                                   it stored before then are missing from the index */
 } kvr_kv_op;
 /** Frees an op and its batch. */
 void kvr_kv_op_free(kvr_kv_op *op);

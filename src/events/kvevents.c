@@ -3,6 +3,7 @@
 #include "events/kvevents.h"
 
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,8 +23,10 @@ typedef struct wrec {
     uint64_t gen;               /* ingest subscription, 0 = none */
     uint64_t epoch;             /* resolutions of an older spec are ignored */
     kvr_kv_trust trust;
+    int partial;                /* its history before its replay buffer is unknown */
     uint64_t last_event_ms;
     uint64_t served;            /* requests sent since the last event */
+    uint64_t first_served_ms;   /* when the first of them was sent */
     uint64_t retry_at;          /* resolution failed: try again then (0 = not waiting) */
     kvr_kv_stream_stats base;   /* counters of earlier subscriptions, so totals only grow */
     const kvr_worker *w;        /* borrowed while configured (for the block size cross-check) */
@@ -128,6 +131,7 @@ static void apply_batch(kvr_kv_events *ev, size_t id, wrec *r, const kvr_kv_batc
             break;
         default:
             kvr_kv_index_clear_worker(ev->index, id);
+            r->partial = 0; /* an empty cache: everything from here on is known */
             break;
         }
         const char *lv[] = {r->url, kvr_kv_ev_type_name(e->type)};
@@ -152,6 +156,7 @@ static void on_ops(void *ud)
                 kvr_kv_index_clear_worker(ev->index, op->worker);
             } else {
                 r->trust = op->state;
+                r->partial = op->partial;
                 r->last_event_ms = now;
                 r->served = 0;
             }
@@ -163,8 +168,7 @@ static void on_ops(void *ud)
 
 /* ---- resolution ---- */
 
-/* Splits "tcp://HOST:PORT" (HOST may be [v6]). Returns 0 or -1. */
-static int split(const char *url, char *host, size_t hcap, char *port, size_t pcap)
+int kvr_kv_events_split(const char *url, char *host, size_t hcap, char *port, size_t pcap)
 {
     if (strncmp(url, "tcp://", 6) != 0)
         return -1;
@@ -182,8 +186,14 @@ static int split(const char *url, char *host, size_t hcap, char *port, size_t pc
     size_t hl = (size_t)(end - h);
     const char *p = end + (*end == ']' ? 2 : 1);
     size_t pl = strlen(p);
-    if (!hl || hl >= hcap || !pl || pl >= pcap || strspn(p, "0123456789") != pl)
+    if (!hl || hl >= hcap || !pl || pl > 5 || pl >= pcap || strspn(p, "0123456789") != pl ||
+        atoi(p) < 1 || atoi(p) > 65535)
         return -1;
+    /* A host name or address literal: letters, digits, '.', '-', ':' (v6) — no '*' (vLLM's
+     * bind form names no host to dial), no separators a resolver might read otherwise. */
+    for (size_t i = 0; i < hl; i++)
+        if (!isalnum((unsigned char)h[i]) && !strchr(".-:_", h[i]))
+            return -1;
     memcpy(host, h, hl);
     host[hl] = 0;
     memcpy(port, p, pl + 1);
@@ -248,7 +258,7 @@ static void start_resolve(kvr_kv_events *ev, size_t id, wrec *r, int which)
     const char *url = which ? r->rep : r->ep;
     char host[256], port[16];
     resolve *q = calloc(1, sizeof(*q));
-    if (!q || split(url, host, sizeof(host), port, sizeof(port)) < 0 ||
+    if (!q || kvr_kv_events_split(url, host, sizeof(host), port, sizeof(port)) < 0 ||
         !(q->url = strdup(url))) {
         free(q);
         r->retry_at = kvr_now_ms() + RESOLVE_RETRY_MS;
@@ -382,9 +392,9 @@ int kvr_kv_events_configure(kvr_kv_events *ev, kvr_worker *w, const kvr_kv_event
 {
     char host[256], port[16];
     if (spec && (!spec->endpoint ||
-                 split(spec->endpoint, host, sizeof(host), port, sizeof(port)) < 0 ||
+                 kvr_kv_events_split(spec->endpoint, host, sizeof(host), port, sizeof(port)) < 0 ||
                  (spec->replay_endpoint &&
-                  split(spec->replay_endpoint, host, sizeof(host), port, sizeof(port)) < 0)))
+                  kvr_kv_events_split(spec->replay_endpoint, host, sizeof(host), port, sizeof(port)) < 0)))
         return -1;
     wrec *r = rec(ev, w->id, spec != NULL);
     if (!r)
@@ -464,8 +474,8 @@ void kvr_kv_events_forget(kvr_kv_events *ev, const kvr_worker *w)
 void kvr_kv_events_served(kvr_kv_events *ev, const kvr_worker *w)
 {
     wrec *r = ev ? rec(ev, w->id, 0) : NULL;
-    if (r && r->configured)
-        r->served++;
+    if (r && r->configured && !r->served++)
+        r->first_served_ms = kvr_now_ms();
 }
 
 void kvr_kv_events_tick(kvr_kv_events *ev)
@@ -484,8 +494,10 @@ void kvr_kv_events_tick(kvr_kv_events *ev)
             r->epoch++;
             start_resolve(ev, id, r, 0);
         }
-        if (r->gen && r->trust == KVR_KV_EXACT && r->served &&
-            now - r->last_event_ms >= ev->cfg.stale_ms) {
+        /* Silence counts from the first request left unconfirmed, not from an idle spell. */
+        uint64_t since = r->first_served_ms > r->last_event_ms ? r->first_served_ms
+                                                                : r->last_event_ms;
+        if (r->gen && r->trust == KVR_KV_EXACT && r->served && now - since >= ev->cfg.stale_ms) {
             KVR_INFO("kv-events: worker %s served %llu requests without an event for %llu ms; "
                      "checking for lost batches",
                      r->url, (unsigned long long)r->served,
@@ -501,6 +513,11 @@ void kvr_kv_events_tick(kvr_kv_events *ev)
 kvr_kv_trust kvr_kv_events_trust(const kvr_kv_events *ev, size_t worker)
 {
     return ev && worker < ev->nw ? ev->w[worker].trust : KVR_KV_FALLBACK;
+}
+
+int kvr_kv_events_partial(const kvr_kv_events *ev, size_t worker)
+{
+    return ev && worker < ev->nw && ev->w[worker].partial;
 }
 
 int kvr_kv_events_configured(const kvr_kv_events *ev, size_t worker)

@@ -39,6 +39,12 @@ typedef struct kvr_kv_events_spec {
     const char *topic;            /**< SUB prefix, NULL or "" = every message */
 } kvr_kv_events_spec;
 
+/** Splits a KV-event endpoint "tcp://HOST:PORT" (HOST a name or address, [v6] bracketed;
+ *  PORT 1..65535) into `host` and `port` (NUL-terminated, caps in bytes). Returns 0, or -1
+ *  when malformed — including vLLM's bind form (tcp, star host, port), which names no host to dial.
+ *  The config check and the runtime use this one parser. */
+int kvr_kv_events_split(const char *url, char *host, size_t hcap, char *port, size_t pcap);
+
 /** Connect-time egress check (kvr_app_allow_connect): 1 allows dialling `sa` for `url`. */
 typedef int (*kvr_kv_allow_fn)(void *ud, const char *url, const struct sockaddr *sa);
 
@@ -71,6 +77,11 @@ void kvr_kv_events_tick(kvr_kv_events *ev);
 
 /** The trust state of worker id `worker` (fallback when unknown). */
 kvr_kv_trust kvr_kv_events_trust(const kvr_kv_events *ev, size_t worker);
+/** 1 when `worker`'s history before its replay buffer is unknown (its last full replay started
+ *  later than seq 0, vLLM keeping only `buffer_steps` batches): blocks it stored then, and
+ *  only hit since, are missing from the index, so policies also consult the approximate
+ *  index for it. Cleared by AllBlocksCleared or a complete replay. */
+int kvr_kv_events_partial(const kvr_kv_events *ev, size_t worker);
 /** 1 when `worker` has kv_events configured. */
 int kvr_kv_events_configured(const kvr_kv_events *ev, size_t worker);
 /** The KV block index (owned by `ev`). */

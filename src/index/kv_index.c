@@ -535,7 +535,9 @@ size_t kvr_kv_index_speculate(kvr_kv_index *ix, size_t worker, const uint64_t *k
             done++;
             continue;
         }
-        if (ix->total >= ix->cap || ensure_room(ix, &ix->key))
+        /* Guesses may take a quarter of the cap at most: the rest stays for what the events
+         * say (a client sending its own token ids must not crowd those out). */
+        if (ix->total >= ix->cap || ix->nspec >= ix->cap / 4 || ensure_room(ix, &ix->key))
             continue;
         k = place(&ix->key, wk, keys[i]);
         ix->key.s[k].val = expires_ms;

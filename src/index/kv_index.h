@@ -101,8 +101,9 @@ size_t kvr_kv_index_match(const kvr_kv_index *ix, size_t worker, const uint64_t 
                           size_t nkeys, uint64_t now_ms, size_t *gpu_run);
 /** Records that `worker` will hold `keys` (`n`, a request just sent there) until
  *  `expires_ms`, unless an event settles them first. Keys it already holds for real are left
- *  alone; existing speculative ones get the later expiry. Respects the cap (keys past it are
- *  not recorded, nor counted as skipped). Returns the keys recorded or extended (not those
+ *  alone; existing speculative ones get the later expiry. Respects the cap, and speculative
+ *  entries never take more than a quarter of it (keys past either are not recorded, nor
+ *  counted as skipped). Returns the keys recorded or extended (not those
  *  held for real). `expires_ms` 0 records nothing. */
 size_t kvr_kv_index_speculate(kvr_kv_index *ix, size_t worker, const uint64_t *keys, size_t n,
                               uint64_t expires_ms);

@@ -620,8 +620,10 @@ static void build_forward_headers(preq *p)
             kvr_header_is(h->name, h->name_len, "expect") ||
             kvr_header_is(h->name, h->name_len, "x-request-id") ||
             kvr_header_is(h->name, h->name_len, "authorization") ||
-            kvr_header_is(h->name, h->name_len, "x-api-key"))
-            continue; /* client credentials are kvroute's to check, never the worker's */
+            kvr_header_is(h->name, h->name_len, "x-api-key") ||
+            kvr_header_is(h->name, h->name_len, "x-kvroute-token-ids"))
+            continue; /* client credentials are kvroute's to check, never the worker's; the
+                       * token ids are kvroute's routing input and may be large */
         p->fwd[p->nfwd++] = *h;
     }
     p->fwd[p->nfwd++] =

@@ -183,6 +183,11 @@ static int score_exact(ca_state *s, kvr_worker *const *el, size_t n, const kvr_r
             continue;
         s->kv_run[i] = kvr_kv_index_match(ix, el[i]->id, keys, nk, now, NULL);
         s->ratio[i] = (double)(s->kv_run[i] * bs) / (double)k->ntokens;
+        /* A worker whose early history is unknown may hold prefixes its events never named:
+         * the approximate index's view counts too when it says more. */
+        if (kvr_kv_events_partial(s->cfg.kv, el[i]->id) && k->text_len &&
+            (double)s->matched[i] / (double)k->text_len > s->ratio[i])
+            continue;
         s->exact[i] = 1;
         any = 1;
     }

@@ -210,6 +210,24 @@ def test_unanswered_replay_falls_back_within_10s_and_recovers(sim_factory, kvrou
     wait_until(lambda: state(kv, b) == 0, 15, interval=0.1, what="B exact again")
 
 
+def test_lost_batches_older_than_the_replay_buffer(sim_factory, kvroute):
+    """Batches lost from the stream and already gone from the worker's small replay buffer:
+    the repair finds a later first seq, clears and replays what is left (regression: a pending
+    batch was written through a freed list tail here; ASan caught it)."""
+    a = sim_with_events(sim_factory, "--kv-events-buffer-steps", "2", "--time-scale", "0.01")
+    kv = router(kvroute, [a])
+    wait_exact(kv, [a])
+    chat_via(kv, convo("warm"), max_tokens=40)
+    a.faults(drop_event_batches=5)
+    for i in range(4):
+        chat_via(kv, convo("traffic%d" % i), max_tokens=100)
+    wait_until(lambda: kv.metrics().get("kvroute_kv_events_replays_total", worker=a.url,
+                                        result="partial") >= 1, 10, what="a partial replay")
+    wait_until(lambda: state(kv, a) == 0, 10, what="exact again")
+    assert kv.proc.alive()
+    chat_via(kv, convo("after"))
+
+
 def test_garbage_frames_are_counted_and_never_crash(sim_factory, kvroute):
     a = sim_with_events(sim_factory)
     b = sim_factory("--time-scale", "0")

@@ -554,7 +554,10 @@ static size_t m_spec(mworker *w, const uint64_t *k, size_t n, uint64_t exp)
             done++;
             continue;
         }
-        if (mtotal >= MCAP)
+        size_t nspec = 0;
+        for (size_t wi = 0; wi < NW; wi++)
+            nspec += mw[wi].ns;
+        if (mtotal >= MCAP || nspec >= MCAP / 4) /* guesses: a quarter of the cap at most */
             continue;
         w->s[w->ns++] = (mspec){k[i], exp};
         mtotal++;
