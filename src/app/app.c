@@ -74,7 +74,8 @@ static void refresh_departed(kvr_app *app)
             kvr_metric *per_worker[] = {app->m.inflight, app->m.healthy, app->m.queue,
                                         app->m.kv_usage, app->m.breaker_state,
                                         app->m.kv_blocks, app->m.mispredictions,
-                                        app->m.lmcache_occupancy, app->m.lmcache_polls};
+                                        app->m.lmcache_occupancy, app->m.lmcache_polls,
+                                        app->m.index_corrections};
             for (size_t m = 0; m < sizeof(per_worker) / sizeof(per_worker[0]); m++)
                 kvr_metric_remove_matching(per_worker[m], "worker", w->url);
         }
@@ -205,6 +206,11 @@ void kvr_app_metrics_init(kvr_app *app)
                                             "Answers whose reported cached tokens were off the "
                                             "prediction by more than one block",
                                             2, mw);
+    m->index_corrections = kvr_metrics_counter(
+        r, "kvroute_index_corrections_total",
+        "Answers whose reported cached tokens fell short of the prefix index's prediction by "
+        "more than one block, so the index dropped what the worker evidently evicted",
+        2, mw);
     const char *mwm[] = {"model", "worker", "medium"};
     m->kv_blocks = kvr_metrics_gauge(r, "kvroute_kv_blocks",
                                      "Blocks the worker's KV events say it holds, by tier", 3,

@@ -50,6 +50,7 @@ typedef struct kvr_app_metrics {
     kvr_metric *generation;        /**< kvroute_config_generation */
     kvr_metric *prediction_error;  /**< kvroute_cache_prediction_error_tokens{model} (histogram) */
     kvr_metric *mispredictions;    /**< kvroute_cache_mispredictions_total{model,worker} */
+    kvr_metric *index_corrections; /**< kvroute_index_corrections_total{model,worker} */
     kvr_metric *kv_blocks;         /**< kvroute_kv_blocks{model,worker,medium} */
     kvr_metric *tokenize_seconds;  /**< kvroute_tokenize_seconds{model} (histogram) */
     kvr_metric *tokenize;          /**< kvroute_tokenize_total{model,source} */

@@ -3,6 +3,10 @@
  *
  * Slot (16 bytes): `kw` = 44-bit key fingerprint | 6-bit holder group | 14-bit internal worker
  * index (0 = empty; a fingerprint is never 0), and the worker's LRU links as 32-bit slot ids.
+ * Its use stamp (4 bytes) sits at the same index in a parallel array: a bucket stays one cache
+ * line, and matching, which never needs stamps, reads no more memory than without them. Only
+ * teaching (which writes them) and the pick's snapshot of the chosen worker's run boundaries
+ * touch stamps.
  *
  * Tables: the fingerprint's top 8 bits pick one of 256 shards, each an independent table that
  * grows on its own (1.25x steps, at load thresholds staggered between 84 and 92 % so the shards
@@ -18,16 +22,15 @@
  * hashed) and of the index size; a block shared by H workers costs about H/4 pairs, lines that
  * every request with that shared prefix keeps hot. A new holding goes to the emptier candidate;
  * when both are full, a random walk moves entries to their other bucket (cuckoo hashing). With
- * 2 choices and 4-slot buckets that works up to ~97 % load, so shards run at up to 92 %: ~17.4
- * bytes per held block. Entries move only in such walks, in group compaction and in growth; a
- * moved entry's LRU neighbours are re-pointed (no tombstones, no overflow counts).
+ * 2 choices and 4-slot buckets that works up to ~97 % load, so shards run at up to 92 %: ~21.7
+ * bytes per held block with its stamp. Entries move only in such walks, in group compaction and
+ * in growth; a moved entry's LRU neighbours are re-pointed (no tombstones, no overflow counts).
  *
  * Why 44-bit fingerprints: buckets derive from the fingerprint (a stored entry knows its other
  * bucket), so keys are told apart by those 44 bits among the 8 slots looked at (a false match
  * ~2^-41 per probe; two stored keys merge with probability ~keys/2^44 per insert); the other 20
- * bits of the word hold the group and the worker, which keeps a holding at 16 bytes (the 0.3
- * bytes per text byte budget is ~19 bytes per 64-byte block). A confusion only makes a match one
- * block longer. */
+ * bits of the word hold the group and the worker, which keeps a slot at 16 bytes (4 to a cache
+ * line). A confusion only makes a match one block longer. */
 #include "index/prefix_index.h"
 
 #include <math.h>
@@ -59,6 +62,10 @@
 #define MAX_KICKS 128            /* cuckoo random-walk length before a shard counts as full */
 #define SEED0 0x6b76726f75746531ull /* seed of block 0's key; any fixed value works */
 #define MATCH_BATCH 16           /* blocks hashed ahead of their probes, to prefetch buckets */
+#define SWEEP_EVERY (1u << 21)   /* insert calls between two shards' age sweeps: each shard is
+                                    swept every 256 × 2^21 = 2^29 calls */
+#define MAX_AGE (1u << 29)       /* a sweep makes older stamps this old: so no stamp is ever
+                                    2^30 calls old, and serial comparison (2^31) stays exact */
 
 typedef struct slot {
     uint64_t kw;                 /* KW(fp, group, worker); 0 = empty */
@@ -68,6 +75,8 @@ typedef struct slot {
 
 typedef struct shard {
     slot *slots;                 /* nb × BUCKET, 64-byte aligned */
+    uint32_t *st;                /* nb × BUCKET: each slot's use stamp (see ix->clock); a
+                                    parallel array, so matching reads none of it */
     size_t nb;                   /* buckets */
     size_t used;                 /* holdings */
 } shard;
@@ -76,6 +85,8 @@ typedef struct wrec {
     size_t ext;                  /* registry id */
     size_t count;                /* holdings */
     size_t cap;                  /* 0 = default */
+    size_t learned;              /* lower cap learned from corrections; 0 = none */
+    uint32_t gen;                /* which record this is (a use snapshot names it) */
     uint32_t head;               /* most recently used slot */
     uint32_t tail;               /* least recently used slot: the next victim */
     int used;
@@ -90,6 +101,11 @@ struct kvr_prefix_index {
     size_t keys;                 /* distinct fingerprints */
     uint64_t evictions;
     uint64_t forgotten;
+    uint64_t corrected;          /* holdings dropped by corrections */
+    uint32_t clock;              /* +1 per insert call: the use stamp it gives what it touches */
+    uint32_t wgen;               /* records made so far */
+    size_t match_n;              /* chain[0..match_n) = the last match's fingerprints; 0 once
+                                    an insert reused the scratch */
     wrec *w;
     size_t nw;                   /* records allocated (used or free) */
     uint32_t *ext2int;           /* registry id -> internal index + 1; 0 = none */
@@ -214,14 +230,25 @@ static void big_free(void *p, size_t bytes)
         free(p);
 }
 
-static slot *alloc_slots(size_t nb)
+static void free_arrays(shard *t)
 {
-    return big_alloc(nb * BUCKET * sizeof(slot));
+    big_free(t->slots, t->nb * BUCKET * sizeof(slot));
+    big_free(t->st, t->nb * BUCKET * sizeof(uint32_t));
+    t->slots = NULL;
+    t->st = NULL;
 }
 
-static void free_slots(slot *t, size_t nb)
+/* A shard's arrays for `nb` buckets, zeroed (used counts left at 0). Returns 0, or -1. */
+static int alloc_arrays(shard *t, size_t nb)
 {
-    big_free(t, nb * BUCKET * sizeof(slot));
+    t->nb = nb;
+    t->used = 0;
+    t->slots = big_alloc(nb * BUCKET * sizeof(slot));
+    t->st = big_alloc(nb * BUCKET * sizeof(uint32_t));
+    if (t->slots && t->st)
+        return 0;
+    free_arrays(t);
+    return -1;
 }
 
 kvr_prefix_index *kvr_prefix_index_create(const kvr_prefix_index_cfg *cfg)
@@ -235,8 +262,7 @@ kvr_prefix_index *kvr_prefix_index_create(const kvr_prefix_index_cfg *cfg)
     ix->max_keys = cfg->max_blocks;
     ix->default_cap = cfg->worker_blocks ? cfg->worker_blocks : cfg->max_blocks;
     for (unsigned i = 0; i < NSHARDS; i++) {
-        ix->sh[i].nb = INITIAL_BUCKETS;
-        if (!(ix->sh[i].slots = alloc_slots(INITIAL_BUCKETS))) {
+        if (alloc_arrays(&ix->sh[i], INITIAL_BUCKETS) < 0) {
             kvr_prefix_index_destroy(ix);
             return NULL;
         }
@@ -249,7 +275,7 @@ void kvr_prefix_index_destroy(kvr_prefix_index *ix)
     if (!ix)
         return;
     for (unsigned i = 0; i < NSHARDS; i++)
-        free_slots(ix->sh[i].slots, ix->sh[i].nb);
+        free_arrays(&ix->sh[i]);
     free(ix->w);
     free(ix->ext2int);
     free(ix->chain);
@@ -302,12 +328,15 @@ static void key_find(const kvr_prefix_index *ix, uint64_t fp, uint32_t wi, kfind
     f->last_g = MAX_GROUPS; /* every group full: no room for another holder */
 }
 
-/* Moves the entry in local slot `src` of shard `si` (array `t`) to the empty local slot `dst`.
- * In the live table its LRU neighbours (or its worker's list ends) are re-pointed; during a
- * rebuild of that shard the links are fixed afterwards, so only the old->new map is updated. */
-static void move_slot(kvr_prefix_index *ix, unsigned si, slot *t, uint32_t src, uint32_t dst)
+/* Moves the entry in local slot `src` of shard `si` (arrays `a`: the live shard or the one
+ * being rebuilt) to the empty local slot `dst`, its use stamp with it. In the live table its
+ * LRU neighbours (or its worker's list ends) are re-pointed; during a rebuild of that shard the
+ * links are fixed afterwards, so only the old->new map is updated. */
+static void move_slot(kvr_prefix_index *ix, unsigned si, shard *a, uint32_t src, uint32_t dst)
 {
+    slot *t = a->slots;
     t[dst] = t[src];
+    a->st[dst] = a->st[src];
     t[src].kw = 0;
     if (ix->rb_map) {
         uint32_t old = ix->rb_rev[src];
@@ -341,7 +370,7 @@ static int table_remove(kvr_prefix_index *ix, uint32_t id)
     ix->sh[si].used--;
     ix->used--;
     if (f.last != NIL && f.last != id) {
-        move_slot(ix, si, ix->sh[si].slots, f.last & LOCAL_MASK, id & LOCAL_MASK);
+        move_slot(ix, si, &ix->sh[si], f.last & LOCAL_MASK, id & LOCAL_MASK);
         x->kw = KW(fp, KW_G(kw), KW_W(x->kw));
     }
     return f.holders <= 1;
@@ -363,12 +392,14 @@ static int free_count(const slot *t, size_t b)
     return n;
 }
 
-/* Stores entry `kw` in shard array `t` of `nb` buckets: in the emptier of its two buckets, else
- * after a cuckoo walk that moves entries to their other bucket. Returns the local slot
- * (prev/next = NIL), or NIL when the walk found no room (the array is unchanged). */
-static uint32_t table_place(kvr_prefix_index *ix, unsigned si, slot *t, size_t nb, uint64_t kw)
+/* Stores entry `kw` in shard arrays `a` (live or being rebuilt): in the emptier of its two
+ * buckets, else after a cuckoo walk that moves entries to their other bucket. Returns the local
+ * slot (prev/next = NIL, stamp to be set by the caller), or NIL when the walk found no room
+ * (the arrays are unchanged). */
+static uint32_t table_place(kvr_prefix_index *ix, unsigned si, shard *a, uint64_t kw)
 {
-    size_t b1, b2;
+    slot *t = a->slots;
+    size_t nb = a->nb, b1, b2;
     pair_of(nb, KW_FP(kw), KW_G(kw), &b1, &b2);
     int f1 = free_count(t, b1), f2 = free_count(t, b2);
     uint32_t s = NIL;
@@ -406,7 +437,7 @@ static uint32_t table_place(kvr_prefix_index *ix, unsigned si, slot *t, size_t n
             return NIL;
         uint32_t dst = (uint32_t)(fb * BUCKET + (size_t)f);
         for (int i = n - 1; i >= 0; i--) {
-            move_slot(ix, si, t, path[i], dst);
+            move_slot(ix, si, a, path[i], dst);
             dst = path[i];
         }
         s = dst;
@@ -431,8 +462,11 @@ static void lru_unlink(kvr_prefix_index *ix, wrec *w, uint32_t id)
         w->tail = x->prev;
 }
 
+/* Every touch stamps the holding with the current insert call, so stamps never decrease from a
+ * worker's LRU tail to its head. */
 static void lru_push_head(kvr_prefix_index *ix, wrec *w, uint32_t id)
 {
+    ix->sh[id >> LOCAL_BITS].st[id & LOCAL_MASK] = ix->clock;
     slot *x = at(ix, id);
     x->prev = NIL;
     x->next = w->head;
@@ -447,10 +481,17 @@ static void lru_push_head(kvr_prefix_index *ix, wrec *w, uint32_t id)
 
 static void update_need(kvr_prefix_index *ix);
 
-static size_t eff_cap(const kvr_prefix_index *ix, const wrec *w)
+/* The cap before corrections: set, else the default, within the global cap. */
+static size_t base_cap(const kvr_prefix_index *ix, const wrec *w)
 {
     size_t c = w && w->cap ? w->cap : ix->default_cap;
     return c < ix->max_keys ? c : ix->max_keys;
+}
+
+static size_t eff_cap(const kvr_prefix_index *ix, const wrec *w)
+{
+    size_t c = base_cap(ix, w);
+    return w && w->learned && w->learned < c ? w->learned : c;
 }
 
 static long worker_find(const kvr_prefix_index *ix, size_t ext)
@@ -501,6 +542,7 @@ static long worker_get(kvr_prefix_index *ix, size_t ext)
     w->ext = ext;
     w->head = w->tail = NIL;
     w->used = 1;
+    w->gen = ++ix->wgen;
     ix->ext2int[ext] = (uint32_t)i + 1;
     update_need(ix);
     return (long)i;
@@ -571,12 +613,14 @@ static void enforce_global_cap(kvr_prefix_index *ix)
  * when the entries do not fit. */
 static int rebuild(kvr_prefix_index *ix, unsigned si, size_t nb)
 {
-    shard *sh = &ix->sh[si];
+    shard *sh = &ix->sh[si], na;
     size_t old_n = sh->nb * BUCKET, new_n = nb * BUCKET;
-    slot *ns = alloc_slots(nb);
+    int got = alloc_arrays(&na, nb);
+    slot *ns = na.slots;
     uint32_t *map = big_alloc(old_n * sizeof(uint32_t)), *rev = big_alloc(new_n * sizeof(uint32_t));
-    if (!ns || !map || !rev) {
-        free_slots(ns, nb);
+    if (got < 0 || !map || !rev) {
+        if (got == 0)
+            free_arrays(&na);
         big_free(map, old_n * sizeof(uint32_t));
         big_free(rev, new_n * sizeof(uint32_t));
         return -1;
@@ -596,11 +640,12 @@ static int rebuild(kvr_prefix_index *ix, unsigned si, size_t nb)
         const slot *o = &sh->slots[s];
         if (!o->kw)
             continue;
-        uint32_t t = table_place(ix, si, ns, nb, o->kw);
+        uint32_t t = table_place(ix, si, &na, o->kw);
         if (t == NIL) {
             ok = 0;
             break;
         }
+        na.st[t] = sh->st[s];
         ns[t].prev = o->prev;
         ns[t].next = o->next;
         map[s] = t;
@@ -609,7 +654,7 @@ static int rebuild(kvr_prefix_index *ix, unsigned si, size_t nb)
     ix->rb_map = ix->rb_rev = NULL;
     big_free(rev, new_n * sizeof(uint32_t));
     if (!ok) {
-        free_slots(ns, nb);
+        free_arrays(&na);
         big_free(map, old_n * sizeof(uint32_t));
         return -1;
     }
@@ -642,8 +687,9 @@ static int rebuild(kvr_prefix_index *ix, unsigned si, size_t nb)
             w->tail = gid(si, map[w->tail & LOCAL_MASK]);
     }
     big_free(map, old_n * sizeof(uint32_t));
-    free_slots(sh->slots, sh->nb);
-    sh->slots = ns;
+    free_arrays(sh);
+    sh->slots = na.slots;
+    sh->st = na.st;
     sh->nb = nb;
     return 0;
 }
@@ -713,7 +759,7 @@ static uint32_t place_live(kvr_prefix_index *ix, uint64_t kw, int *evicted)
     if ((sh->used + 1) * 1000 > sh->nb * BUCKET * grow_threshold(ix, si))
         grow(ix, si);
     for (int round = 0; round < 64; round++) {
-        uint32_t s = table_place(ix, si, sh->slots, sh->nb, kw);
+        uint32_t s = table_place(ix, si, sh, kw);
         if (s != NIL) {
             sh->used++;
             ix->used++;
@@ -737,6 +783,49 @@ static uint32_t place_live(kvr_prefix_index *ix, uint64_t kw, int *evicted)
             evict_slot(ix, gid(si, victim));
     }
     return NIL;
+}
+
+/* ---- use stamps ------------------------------------------------------------------------ */
+
+/* Serial-number order (RFC 1982) of 32-bit stamps: the clock wraps every 2^32 insert calls. */
+static inline int stamp_le(uint32_t a, uint32_t b)
+{
+    return (int32_t)(a - b) <= 0;
+}
+
+/* Raises stamps older than MAX_AGE in shard `si` to that age. Without it a holding left
+ * untouched for 2^31 calls would compare as newer than everything; with it every stamp stays
+ * within 2^30 calls of the clock. Stamps younger than MAX_AGE are never changed, so
+ * corrections are exact about everything used within the last 2^29 insert calls; among older
+ * holdings (raised at different times in different shards) their order is approximate. */
+static void age_sweep(kvr_prefix_index *ix, unsigned si)
+{
+    shard *sh = &ix->sh[si];
+    uint32_t floor = ix->clock - MAX_AGE;
+    for (size_t i = 0, n = sh->nb * BUCKET; i < n; i++)
+        if (sh->slots[i].kw && (int32_t)(sh->st[i] - floor) < 0)
+            sh->st[i] = floor;
+}
+
+/* Advances the clock by `n` insert calls, sweeping one shard every SWEEP_EVERY of them (a
+ * 10 M-block index sweeps ~40 K slots each time, spread over the traffic). */
+static void clock_advance(kvr_prefix_index *ix, uint64_t n)
+{
+    while (n) {
+        uint32_t to_next = SWEEP_EVERY - ix->clock % SWEEP_EVERY;
+        if (n < to_next) {
+            ix->clock += (uint32_t)n;
+            return;
+        }
+        ix->clock += to_next;
+        n -= to_next;
+        age_sweep(ix, (ix->clock / SWEEP_EVERY) % NSHARDS);
+    }
+}
+
+void kvr_prefix_index_tick(kvr_prefix_index *ix, uint64_t calls)
+{
+    clock_advance(ix, calls);
 }
 
 /* ---- public operations ---------------------------------------------------------------- */
@@ -809,6 +898,8 @@ int kvr_prefix_index_insert(kvr_prefix_index *ix, size_t worker, const void *tex
     if (wl < 0)
         return -1;
     uint32_t wi = (uint32_t)wl;
+    clock_advance(ix, 1);
+    ix->match_n = 0; /* the chain scratch is overwritten below */
     size_t B = ix->block_bytes, nblocks = (len + B - 1) / B;
     size_t cap = eff_cap(ix, &ix->w[wi]);
     /* Blocks past the cap would be evicted again at once (they are the least recent). */
@@ -896,6 +987,7 @@ void kvr_prefix_index_match(kvr_prefix_index *ix, const void *text, size_t len,
                             const size_t *workers, size_t n, size_t *matched)
 {
     memset(matched, 0, n * sizeof(*matched));
+    ix->match_n = 0;
     if (!len || !n || !ix->used)
         return;
     size_t known = 0;
@@ -913,6 +1005,9 @@ void kvr_prefix_index_match(kvr_prefix_index *ix, const void *text, size_t len,
     size_t B = ix->block_bytes, nblocks = (len + B - 1) / B;
     const uint32_t *want = ix->want;
     uint64_t seed = SEED0;
+    /* The fingerprints are kept for kvr_prefix_index_match_use(), which then probes only the
+     * chosen worker's few LRU run boundaries instead of hashing the text again. */
+    int keep = grow_chain(ix, nblocks) == 0;
     uint64_t fps[MATCH_BATCH];
     const slot *bp1[MATCH_BATCH], *bp2[MATCH_BATCH];
     /* Hash a batch of blocks ahead (the chain is sequential but cheap) and prefetch their two
@@ -923,6 +1018,8 @@ void kvr_prefix_index_match(kvr_prefix_index *ix, const void *text, size_t len,
             size_t off = (i + k) * B, bl = len - off < B ? len - off : B;
             seed = XXH3_64bits_withSeed(p + off, bl, seed);
             fps[k] = fp_of(seed);
+            if (keep)
+                ix->chain[i + k] = fps[k];
             const shard *sh = &ix->sh[shard_of(fps[k])];
             size_t b1, b2;
             pair_of(sh->nb, fps[k], 0, &b1, &b2);
@@ -931,6 +1028,8 @@ void kvr_prefix_index_match(kvr_prefix_index *ix, const void *text, size_t len,
             __builtin_prefetch(bp1[k]);
             __builtin_prefetch(bp2[k]);
         }
+        if (keep)
+            ix->match_n = i + cnt;
         for (size_t k = 0; k < cnt; k++) {
             size_t off = (i + k) * B, bl = len - off < B ? len - off : B, ext = 0;
             uint64_t fp = fps[k];
@@ -988,10 +1087,136 @@ size_t kvr_prefix_index_forget_worker(kvr_prefix_index *ix, size_t worker)
     ix->forgotten += dropped;
     w->used = 0;
     w->count = 0;
+    w->learned = 0;
     w->head = w->tail = NIL;
     ix->ext2int[worker] = 0;
     update_need(ix);
     return dropped;
+}
+
+/* 1 and the use stamp of `wi`'s holding of fingerprint `fp` in `*out`, or 0 when it holds
+ * none. */
+static int stamp_of(const kvr_prefix_index *ix, uint32_t wi, uint64_t fp, uint32_t *out)
+{
+    kfind f;
+    key_find(ix, fp, wi, &f);
+    if (f.slot == NIL)
+        return 0;
+    *out = ix->sh[f.slot >> LOCAL_BITS].st[f.slot & LOCAL_MASK];
+    return 1;
+}
+
+void kvr_prefix_index_match_use(kvr_prefix_index *ix, size_t worker, size_t matched,
+                                kvr_prefix_use *out)
+{
+    memset(out, 0, sizeof(*out));
+    long wl = worker_find(ix, worker);
+    size_t m = (matched + ix->block_bytes - 1) / ix->block_bytes;
+    if (wl < 0 || !m || m > ix->match_n || m > UINT32_MAX)
+        return;
+    uint32_t wi = (uint32_t)wl;
+    const uint64_t *fp = ix->chain;
+    out->gen = ix->w[wi].gen;
+    /* Stamps never increase along the chain (an insert touching a block touches its ancestors
+     * in the same call), so each run of equal stamps is found by galloping then bisecting:
+     * O(runs × log blocks) probes, 2 for the usual single run. */
+    size_t lo = 0;
+    uint32_t s_lo;
+    if (!stamp_of(ix, wi, fp[0], &s_lo))
+        return;
+    while (lo < m) {
+        uint32_t s_last;
+        size_t r = out->runs;
+        while (!stamp_of(ix, wi, fp[m - 1], &s_last))
+            m--; /* not held after all (an eviction since the match): the chain ends sooner */
+        if (m <= lo)
+            break;
+        if (s_last == s_lo || r + 1 == KVR_PREFIX_USE_RUNS) {
+            /* The last run; when runs ran out, its stamp is the chain's oldest, so a correction
+             * inside it drops less, never more. */
+            out->end[r] = (uint32_t)m;
+            out->stamp[r] = s_last;
+            out->runs = (uint32_t)r + 1;
+            break;
+        }
+        /* Last block with stamp s_lo: in [eq, ne), eq holding s_lo, ne not. */
+        size_t eq = lo, ne = m - 1, step = 1;
+        uint32_t sx;
+        while (eq + step < ne) {
+            size_t x = eq + step;
+            if (!stamp_of(ix, wi, fp[x], &sx) || sx != s_lo) {
+                ne = x;
+                break;
+            }
+            eq = x;
+            step *= 2;
+        }
+        while (ne - eq > 1) {
+            size_t x = eq + (ne - eq) / 2;
+            if (!stamp_of(ix, wi, fp[x], &sx) || sx != s_lo)
+                ne = x;
+            else
+                eq = x;
+        }
+        out->end[r] = (uint32_t)(eq + 1);
+        out->stamp[r] = s_lo;
+        out->runs = (uint32_t)r + 1;
+        lo = ne;
+        if (!stamp_of(ix, wi, fp[lo], &s_lo))
+            break; /* a hole in the chain: what follows cannot be vouched for */
+    }
+}
+
+long kvr_prefix_index_correct(kvr_prefix_index *ix, size_t worker, const kvr_prefix_use *use,
+                              size_t block, size_t keep_blocks)
+{
+    long wl = worker_find(ix, worker);
+    if (wl < 0 || !use->runs || ix->w[wl].gen != use->gen)
+        return -1; /* unknown, or forgotten since the snapshot: its old entries are gone */
+    uint32_t r = 0;
+    while (r < use->runs && use->end[r] <= block)
+        r++;
+    if (r == use->runs)
+        return -1;
+    uint32_t threshold = use->stamp[r];
+    wrec *w = &ix->w[wl];
+    long dropped = 0;
+    /* Stamps grow from the tail to the head: what was used no later than the threshold is a
+     * tail segment, dropped in O(its length). Holdings touched since the snapshot have newer
+     * stamps and stay, whatever they held then. */
+    while (w->tail != NIL) {
+        uint32_t t = w->tail;
+        if (!stamp_le(ix->sh[t >> LOCAL_BITS].st[t & LOCAL_MASK], threshold))
+            break;
+        lru_unlink(ix, w, t);
+        w->count--;
+        if (table_remove(ix, t))
+            ix->keys--;
+        dropped++;
+    }
+    ix->corrected += (uint64_t)dropped;
+    size_t floor = w->count > keep_blocks ? w->count : keep_blocks;
+    if (!floor)
+        floor = 1;
+    if (floor < eff_cap(ix, w)) {
+        w->learned = floor;
+        update_need(ix);
+    }
+    return dropped;
+}
+
+void kvr_prefix_index_raise_capacity(kvr_prefix_index *ix, size_t worker, size_t blocks)
+{
+    long wl = worker_find(ix, worker);
+    if (wl < 0 || !ix->w[wl].learned)
+        return;
+    wrec *w = &ix->w[wl];
+    size_t base = base_cap(ix, w);
+    if (w->learned >= base || blocks >= base - w->learned)
+        w->learned = 0;
+    else
+        w->learned += blocks;
+    update_need(ix);
 }
 
 int kvr_prefix_index_set_worker_capacity(kvr_prefix_index *ix, size_t worker, size_t blocks)
@@ -1000,6 +1225,7 @@ int kvr_prefix_index_set_worker_capacity(kvr_prefix_index *ix, size_t worker, si
     if (wl < 0)
         return -1;
     ix->w[wl].cap = blocks;
+    ix->w[wl].learned = 0; /* a capacity the worker publishes replaces what was learned */
     update_need(ix);
     size_t cap = eff_cap(ix, &ix->w[wl]);
     while (ix->w[wl].count > cap)
@@ -1028,9 +1254,10 @@ void kvr_prefix_index_stats_get(const kvr_prefix_index *ix, kvr_prefix_index_sta
         out->workers += ix->w[i].used != 0;
     out->evictions = ix->evictions;
     out->forgotten = ix->forgotten;
+    out->corrected = ix->corrected;
     for (unsigned i = 0; i < NSHARDS; i++)
         out->table_slots += ix->sh[i].nb * BUCKET;
-    out->memory_bytes = sizeof(*ix) + out->table_slots * sizeof(slot) +
+    out->memory_bytes = sizeof(*ix) + out->table_slots * (sizeof(slot) + sizeof(uint32_t)) +
                         ix->nw * (sizeof(wrec) + sizeof(uint32_t)) +
                         ix->next_alloc * sizeof(uint32_t) + ix->chain_alloc * sizeof(uint64_t) +
                         ix->cset_alloc * sizeof(uint64_t);

@@ -13,17 +13,26 @@
  * recent than its descendants: a worker's least recently used block is always a leaf, shared
  * prefixes outlive their tails, and what a worker holds is always prefix-closed.
  *
+ * Every holding carries a use stamp: the number of the insert call that last touched it (a
+ * 32-bit clock per index, compared in serial-number order). Stamps never decrease from a
+ * worker's LRU tail to its head, nor from a block to its ancestors. A snapshot of the stamps of
+ * the blocks a worker matched, taken when a request is routed there, lets a later correction
+ * drop what that worker held no later than a given block as it was then, even though the
+ * request's own blocks (and others) have been touched since (kvr_prefix_index_correct).
+ *
  * Cost: matching hashes each block once and reads two cache lines per block (four or more
- * only for blocks many workers share, which stay cached), whatever the index size.
+ * only for blocks many workers share, which stay cached), whatever the index size; stamps are
+ * in a parallel array it never reads.
  *
  * Memory: one 16-byte slot per holding (44-bit key fingerprint, holder group, 14-bit worker,
- * 32-bit LRU links) in a cuckoo table filled up to 92 %: ~17.4-18 bytes per held block at
- * steady state, up to 1.25x that right after a growth step, i.e. 0.28-0.34 bytes of router
- * memory per byte of text covered with 64-byte blocks (docs/performance.md). The table is split
- * into 256 shards that grow one at a time (an O(shard) rebuild, ~40 K entries at 10 M blocks)
- * and never past what the per-worker caps can need. Two limits bound it whatever the traffic, both enforced on
- * insert: a per-worker count of holdings (`--worker-index-blocks`) and a global count of
- * distinct keys (`--max-index-blocks`).
+ * 32-bit LRU links) plus its 4-byte use stamp, in a cuckoo table filled up to 92 %: ~21.7-22.6
+ * bytes per held block at steady state (17.4-18 before stamps), up to 1.25x that right after a
+ * growth step, i.e. 0.34-0.43 bytes of router memory per byte of text covered with 64-byte
+ * blocks (docs/performance.md). The table is split into 256 shards that grow one at a time
+ * (an O(shard) rebuild, ~40 K entries at 10 M blocks) and never past what the per-worker caps
+ * can need. Two limits bound it whatever the traffic, both enforced on insert: a per-worker
+ * count of holdings (`--worker-index-blocks`) and a global count of distinct keys
+ * (`--max-index-blocks`).
  *
  * Not thread-safe: owned by the loop thread. */
 #ifndef KVR_INDEX_PREFIX_INDEX_H
@@ -59,9 +68,26 @@ typedef struct kvr_prefix_index_stats {
     size_t workers;            /**< workers with a record (held blocks or a set capacity) */
     uint64_t evictions;        /**< holdings evicted to respect a cap (not worker removal) */
     uint64_t forgotten;        /**< holdings dropped because their worker left */
+    uint64_t corrected;        /**< holdings dropped by kvr_prefix_index_correct() */
     size_t memory_bytes;       /**< bytes allocated by the index (table, workers, scratch) */
-    size_t table_slots;        /**< slots in the table (memory_bytes is ~16 per slot) */
+    size_t table_slots;        /**< slots in the table (memory_bytes is ~20 per slot) */
 } kvr_prefix_index_stats;
+
+/** Runs kept by a use snapshot; a chain with more keeps its oldest stamp for the rest. */
+#define KVR_PREFIX_USE_RUNS 8
+
+/** Use stamps of the leading blocks one worker was recorded as holding, as they were when the
+ *  snapshot was taken (kvr_prefix_index_match_use). Stamps never increase along a chain, so
+ *  they are kept as runs: blocks [end[r-1], end[r]) (end[-1] = 0) were last used at stamp[r].
+ *  A plain value, copied with the request it belongs to; runs = 0 means no snapshot. */
+typedef struct kvr_prefix_use {
+    uint32_t runs;                        /**< runs filled, 0..KVR_PREFIX_USE_RUNS */
+    uint32_t gen;                         /**< the worker's record then (a record forgotten
+                                               since makes the snapshot void) */
+    uint32_t end[KVR_PREFIX_USE_RUNS];    /**< blocks covered up to each run's end */
+    uint32_t stamp[KVR_PREFIX_USE_RUNS];  /**< that run's last use (the last run's is the
+                                               oldest of its blocks when runs ran out) */
+} kvr_prefix_use;
 
 typedef struct kvr_prefix_index kvr_prefix_index;
 
@@ -75,9 +101,38 @@ void kvr_prefix_index_destroy(kvr_prefix_index *ix);
  *  none, when the text is empty, or when the worker is unknown). The match ratio is
  *  matched / len. Hashes each block once and does one table probe per block, stopping at the
  *  first block none of these workers holds; cost does not grow with the index size. Does not
- *  touch LRU positions (picking never teaches). Never fails. */
+ *  touch LRU positions (picking never teaches). Never fails. Keeps the blocks' fingerprints for
+ *  kvr_prefix_index_match_use(). */
 void kvr_prefix_index_match(kvr_prefix_index *ix, const void *text, size_t len,
                             const size_t *workers, size_t n, size_t *matched);
+
+/** Fills `out` with the use stamps of the blocks covering the first `matched` bytes of the
+ *  text of the last kvr_prefix_index_match() call, for `worker`, one of those it matched
+ *  (pass its matched[] value). Call it right after that match: an insert in between voids
+ *  it (`out->runs` is then 0, as for an unknown worker or matched = 0). Probes O(runs × log
+ *  blocks) table entries and hashes nothing: cheap enough to take for every routed request. */
+void kvr_prefix_index_match_use(kvr_prefix_index *ix, size_t worker, size_t matched,
+                                kvr_prefix_use *out);
+
+/** `worker` turned out not to hold block `block` (0-based) of a text it was predicted to hold
+ *  when `use` was taken: an LRU cache evicts in use order, so it also lost everything it had
+ *  used no later than that block. Drops the worker's holdings whose stamp is no later than
+ *  block's stamp in `use` (holdings touched since the snapshot stay), then lowers its cap to
+ *  the holdings left, but never below `keep_blocks` (at least 1; the caller's room for the
+ *  request that showed it) nor above the current cap. Returns the holdings dropped (>= 0), or -1 when nothing applies:
+ *  `block` is past the snapshot, the snapshot is empty, or the worker's record was forgotten
+ *  (or never made) since. The lowered cap stays until kvr_prefix_index_raise_capacity(),
+ *  kvr_prefix_index_set_worker_capacity() or forgetting the worker lifts it. */
+long kvr_prefix_index_correct(kvr_prefix_index *ix, size_t worker, const kvr_prefix_use *use,
+                              size_t block, size_t keep_blocks);
+
+/** `worker` held `blocks` more than the index predicted: lifts a cap lowered by corrections by
+ *  that much, back to its uncorrected value at most (no effect when none was lowered). */
+void kvr_prefix_index_raise_capacity(kvr_prefix_index *ix, size_t worker, size_t blocks);
+
+/** Advances the use clock as `calls` insert calls would, without inserting anything (for tests
+ *  of clock wrap-around: stamps stay ordered however far the clock runs). */
+void kvr_prefix_index_tick(kvr_prefix_index *ix, uint64_t calls);
 
 /** Records that `worker` now holds every block of `text` (the full blocks and the trailing
  *  partial one), touching them last block first so ancestors stay more recent. Only the first
@@ -89,12 +144,14 @@ void kvr_prefix_index_match(kvr_prefix_index *ix, const void *text, size_t len,
 int kvr_prefix_index_insert(kvr_prefix_index *ix, size_t worker, const void *text, size_t len);
 
 /** Drops every block `worker` holds, at once (it left, restarted or cleared its cache), and its
- *  capacity setting. Returns the number of holdings dropped. */
+ *  capacity setting (and any cap learned from corrections). Returns the number of holdings
+ *  dropped. Use snapshots taken before are void for it. */
 size_t kvr_prefix_index_forget_worker(kvr_prefix_index *ix, size_t worker);
 
 /** Sets `worker`'s cap on held blocks (0 = back to the configured default), clamped to the
- *  global cap, evicting its least recently used blocks at once if it holds more. Returns 0, or
- *  -1 when the id is out of range or memory ran out. */
+ *  global cap and replacing any cap learned from corrections, evicting its least recently used
+ *  blocks at once if it holds more. Returns 0, or -1 when the id is out of range or memory ran
+ *  out. */
 int kvr_prefix_index_set_worker_capacity(kvr_prefix_index *ix, size_t worker, size_t blocks);
 
 /** Index blocks for a worker whose KV cache holds `kv_tokens` tokens (vLLM
@@ -104,7 +161,8 @@ size_t kvr_prefix_index_blocks_for_kv_tokens(int64_t kv_tokens, size_t block_byt
 
 /** Blocks `worker` currently holds (0 if unknown). */
 size_t kvr_prefix_index_worker_blocks(const kvr_prefix_index *ix, size_t worker);
-/** `worker`'s effective cap in blocks (the default when it has no record). */
+/** `worker`'s effective cap in blocks (the default when it has no record; lowered by
+ *  corrections). */
 size_t kvr_prefix_index_worker_capacity(const kvr_prefix_index *ix, size_t worker);
 
 /** Fills `out` with the counters. */

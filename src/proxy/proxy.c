@@ -39,7 +39,8 @@ typedef struct preq {
     const kvr_route_target *target;
     kvr_pick pick;
     kvr_endpoint ep;
-    kvr_request_keys keys; /* freed once taught (2xx headers) or at the end */
+    kvr_request_keys keys; /* freed once taught (2xx headers), or at the end when the reply or
+                              the reported usage may still teach them */
     char *model;          /* the route's public name: the `model` label */
     char *client_model;   /* `model` as the client sent it */
     char *pin;            /* previous_response_id (Responses API), NULL when none */
@@ -57,6 +58,9 @@ typedef struct preq {
     int verdict;          /* the current attempt's breaker verdict was given */
     int body_pending;     /* the response is relayed: free the body once it is all sent */
     int teach_reply;      /* keys kept until the reply is complete (completion teaching) */
+    int correct;          /* the approximate index over-/under-predicted: correct it */
+    int prefilling;       /* counted in w->prefilling (taught, first body byte not seen) */
+    int unsettled;        /* w had prefilling attempts when this one was sent */
     char attempts[8];     /* x-kvroute-attempts */
     size_t tried[MAX_ATTEMPTS]; /* worker ids already attempted */
     size_t ntried;
@@ -127,6 +131,8 @@ static void preq_free(preq *p)
         p->next->prev = p->prev;
     if (p->tok)
         kvr_tokenize_cancel(p->tok);
+    if (p->prefilling)
+        p->w->prefilling--;
     kvr_buf_free(&p->held);
     kvr_request_keys_free(&p->keys);
     kvr_usage_free(&p->usage);
@@ -197,6 +203,27 @@ static void count_prediction(preq *p)
         kvr_metric_inc(p->app->m.mispredictions, lw, 1);
     else
         kvr_metric_inc(p->app->m.mispredictions, lw, 0);
+    /* The approximate index learns from its own errors (the exact one from KV events). A
+     * shortfall is no evidence of eviction when another attempt on the worker was still
+     * computing what it taught when this one was sent: that prefix was not cached yet. */
+    if (p->pick.predicted_tokens < 0) {
+        p->correct = err > block && (!p->unsettled || (double)p->usage.cached > predicted);
+        if (!p->correct)
+            kvr_metric_inc(p->app->m.index_corrections, lw, 0);
+    }
+}
+
+/* Runs after completion teaching, so that all the worker has just cached (prompt and reply)
+ * is recent and stays; `prompt_len` is the routing text's length as routed (the keys may have
+ * the reply appended now), which the reported share of cached tokens is a share of. */
+static void correct_index(preq *p, size_t prompt_len)
+{
+    kvr_route_keys k = p->keys.k;
+    k.text_len = prompt_len < k.text_len ? prompt_len : k.text_len;
+    const char *lw[] = {p->model, p->w->url};
+    int fixed = kvr_route_correct(p->route, p->w, &k, &p->pick, p->usage.cached,
+                                  p->usage.prompt);
+    kvr_metric_inc(p->app->m.index_corrections, lw, fixed);
 }
 
 /* The worker now also holds its own reply (engines cache generated tokens too): teach the
@@ -374,10 +401,19 @@ static void on_headers(void *ud, int status, const kvr_http_header *h, size_t n)
     kvr_http_resp_start(p->req, status, out, k, clen);
     /* Teach when the 2xx headers arrive (DESIGN §10): a burst sharing a new prefix gains
      * affinity as soon as the first answer starts; failed attempts teach nothing. */
-    if (ok)
+    if (ok) {
         kvr_route_teach(p->route, p->w, &p->keys.k);
-    if (!p->teach_reply)
+        p->prefilling = 1;
+        p->w->prefilling++;
+    }
+    /* A correction, once usage reports what the worker really held, teaches the prompt again:
+     * the same buffer is kept (completion teaching usually keeps it anyway), not a copy. */
+    int correctable = ok && !p->unsettled && p->pick.use.runs && p->route->ops->correct &&
+                      p->keys.k.text_len;
+    if (!p->teach_reply && !correctable)
         kvr_request_keys_free(&p->keys);
+    else
+        kvr_request_keys_set_tokens(&p->keys, NULL, 0); /* teaching reads the text only */
     /* No further attempt can need the body now (DESIGN §11): free it as soon as it is sent. */
     p->body_pending = 1;
     release_body(p);
@@ -429,6 +465,10 @@ static int on_body(void *ud, const char *data, size_t len)
         release_body(p);
     if (!p->got_body) {
         p->got_body = 1;
+        if (p->prefilling) {
+            p->prefilling = 0;
+            p->w->prefilling--;
+        }
         const char *lv[] = {p->model, kvr_http_req_path(p->req)};
         kvr_metric_observe(p->app->m.ttft, lv,
                            (double)(kvr_now_ns() - kvr_http_req_start_ns(p->req)) / 1e9);
@@ -577,8 +617,11 @@ static void on_done(void *ud, kvr_upstream_err err, const char *msg, int got_hea
         if (p->held.len)
             kvr_http_resp_write(p->req, p->held.data, p->held.len);
         count_usage(p);
+        size_t prompt_len = p->keys.k.text_len;
         if (p->teach_reply)
             teach_reply(p);
+        if (p->correct)
+            correct_index(p, prompt_len);
         if (p->rl.limited && p->usage.found)
             kvr_ratelimit_settle(app->ratelimits, p->key,
                                  (int64_t)(p->usage.prompt + p->usage.completion) -
@@ -957,6 +1000,7 @@ static int start_attempt(preq *p)
         return 0;
     }
     slot_take(p->w);
+    p->unsettled = p->w->prefilling > 0;
     p->trial = kvr_app_attempt_start(p->app, p->w);
     p->verdict = 0;
     p->att = kvr_upstream_start(p->app->up, "POST", p->url, p->fwd, attempt_headers(p), body, blen,

@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "index/prefix_index.h"
 #include "index/session_map.h"
 #include "workers/worker.h"
 
@@ -40,6 +41,8 @@ typedef struct kvr_pick {
     int64_t predicted_tokens; /**< exact: prompt tokens predicted cached on the chosen worker;
                                    -1 when only a ratio is known (approximate) */
     uint32_t block_size;   /**< exact: the chosen worker's block size in tokens (0 = n/a) */
+    kvr_prefix_use use;    /**< approximate with a match: the use stamps of the chosen worker's
+                                matched blocks at the pick, for `correct` (runs 0 = none) */
 } kvr_pick;
 
 /** Tunables shared by the policies (flags). */
@@ -139,6 +142,14 @@ typedef struct kvr_policy_ops {
     void (*sent)(void *self, kvr_worker *w, const kvr_route_keys *k);
     /** 1 when pick() reads the prompt's token ids (the proxy then fetches them first). */
     int uses_tokens;
+    /** Optional. The worker `w` of `pick` (scored by the approximate index) answered 2xx and
+     *  reported `cached` of its `prompt` tokens cached, off chosen_match × prompt by more than
+     *  one block; `k` are the request's keys as routed (the routing text at least; may be
+     *  empty when they were not kept). Returns 1 when the instance corrected what it learned
+     *  about `w` (the caller then teaches `k` again), 0 when it changed nothing it counts as a
+     *  correction (it may still have adjusted an estimate). */
+    int (*correct)(void *self, kvr_worker *w, const kvr_route_keys *k, const kvr_pick *pick,
+                   int64_t cached, int64_t prompt);
 } kvr_policy_ops;
 
 /** Looks a policy up by name ("round_robin", "random", "least_load", "power_of_two",

@@ -23,6 +23,14 @@
  * with in-flight requests; the counts fade with the half-life below, following traffic. */
 #define START_SPREAD 1.25
 #define START_HALF_LIFE_MS 600000.0
+/* A worker reporting less than this share of the cached tokens the prefix index predicted has
+ * evidently lost blocks. A smaller shortfall is not evidence: the prediction is the matched
+ * share of routing-text bytes applied to prompt tokens, and tokens are not spread evenly over
+ * bytes (JSON, numbers and code are denser than prose). On the tau-bench and SWE-agent traces,
+ * where nothing was evicted, workers reported 0.74-1.0 of the prediction; correcting on those
+ * shortfalls cut the workers' caps to a few hundred blocks and cost 4-6 points of hit rate
+ * (docs/performance.md). */
+#define EVICTED_SHARE 0.5
 
 typedef struct ca_state {
     kvr_policy_cfg cfg;
@@ -263,6 +271,10 @@ static int chose(ca_state *s, kvr_worker *const *el, size_t i, const kvr_route_k
     } else {
         out->block_size = 0;
         out->predicted_tokens = -1;
+        /* Last-use times as they are now, before this request's own teaching moves them: what
+         * a correction compares with once the worker says what it really held. */
+        if (s->matched[i])
+            kvr_prefix_index_match_use(s->index, el[i]->id, s->matched[i], &out->use);
         (void)k;
     }
     return 0;
@@ -442,6 +454,36 @@ static void ca_teach(void *self, kvr_worker *w, const kvr_route_keys *k)
     kvr_session_map_sweep(s->sessions, now, TEACH_SWEEP);
 }
 
+/* Self-correcting index (optimistic with fallback): the index predicted chosen_match of the
+ * prompt cached on `w`, the worker reported `cached` of `prompt` tokens. */
+static int ca_correct(void *self, kvr_worker *w, const kvr_route_keys *k, const kvr_pick *pick,
+                      int64_t cached, int64_t prompt)
+{
+    ca_state *s = self;
+    if (prompt <= 0 || cached < 0)
+        return 0;
+    double ratio = cached < prompt ? (double)cached / (double)prompt : 1.0;
+    double predicted = pick->chosen_match > 0 ? pick->chosen_match : 0;
+    size_t B = s->cfg.block_bytes;
+    if (ratio > predicted) {
+        /* It held more than the index knew: a cap lowered by corrections was too low. */
+        double extra = (ratio - predicted) * (double)prompt * KVR_PREFIX_INDEX_BYTES_PER_TOKEN;
+        kvr_prefix_index_raise_capacity(s->index, w->id, (size_t)(extra / (double)B));
+        return 0;
+    }
+    if (!pick->use.runs || !k || !k->text || !k->text_len || ratio >= predicted * EVICTED_SHARE)
+        return 0;
+    /* The reported tokens cover that share of the routing text; the block after them is the
+     * first the worker no longer had. */
+    size_t first_missing = (size_t)(ratio * (double)k->text_len) / B;
+    /* The cap never falls below twice the request's own blocks: the index records its prompt
+     * and (completion teaching) its prompt followed by the reply, and the conversation's next
+     * turn, this text and more, must fit too, or each turn would evict its predecessor's tail
+     * and no match on this worker would reach 1.00 again. */
+    size_t own = (k->text_len + B - 1) / B;
+    return kvr_prefix_index_correct(s->index, w->id, &pick->use, first_missing, 2 * own) >= 0;
+}
+
 static void ca_forget(void *self, kvr_worker *w)
 {
     ca_state *s = self;
@@ -557,6 +599,7 @@ const kvr_policy_ops kvr_policy_precise = {
     .retune = ca_retune,
     .sent = precise_sent,
     .uses_tokens = 1,
+    .correct = ca_correct,
 };
 
 const kvr_policy_ops kvr_policy_cache_aware = {
@@ -573,4 +616,5 @@ const kvr_policy_ops kvr_policy_cache_aware = {
     .sweep = kvr_cache_aware_sweep,
     .retune = ca_retune,
     .sent = ca_sent,
+    .correct = ca_correct,
 };

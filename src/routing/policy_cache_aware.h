@@ -17,7 +17,20 @@
  * Learning: teach() (call when the worker's 2xx response headers arrive, never for failed
  * attempts) binds the session to the worker and records the routing text under it; a worker's
  * per-worker index cap comes from --worker-index-blocks when set, else from its published KV
- * capacity (kvr_worker.kv_tokens), else the global cap. forget_worker() drops all of it at once. */
+ * capacity (kvr_worker.kv_tokens), else the global cap. forget_worker() drops all of it at once.
+ *
+ * Self-correction (seed 002's "optimistic with fallback"; the `correct` op): a pick scored by
+ * the prefix index keeps the use stamps of the chosen worker's matched blocks as they were at
+ * the pick (kvr_pick.use). When that worker then reports fewer cached tokens than predicted by
+ * more than one block (the caller's test) and less than half the prediction (smaller
+ * shortfalls are what byte-proportional predictions are off by anyway), it evidently evicted
+ * the prefix from the first block it no longer had (reported share of the prompt × routing
+ * text bytes ÷ block_bytes) and, being an LRU cache, everything it had used no later than that:
+ * those entries go from its index, and its cap drops to what remains, never below twice the
+ * request's own blocks (kvr_prefix_index_correct). The caller then teaches the request again.
+ * A report of more cached tokens than predicted lifts a cap lowered that way by the difference
+ * (a cleared cache refills; nothing else would show the lowered cap is too low). The exact KV
+ * index is not corrected here: its events do. */
 #ifndef KVR_ROUTING_POLICY_CACHE_AWARE_H
 #define KVR_ROUTING_POLICY_CACHE_AWARE_H
 #include <stddef.h>

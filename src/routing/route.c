@@ -258,6 +258,16 @@ void kvr_route_teach(kvr_route *r, kvr_worker *w, const kvr_route_keys *k)
         r->ops->teach(r->state->policy, w, k);
 }
 
+int kvr_route_correct(kvr_route *r, kvr_worker *w, const kvr_route_keys *k, const kvr_pick *pick,
+                      int64_t cached, int64_t prompt)
+{
+    if (w->removed || !r->ops->correct ||
+        !r->ops->correct(r->state->policy, w, k, pick, cached, prompt))
+        return 0;
+    kvr_route_teach(r, w, k);
+    return 1;
+}
+
 void kvr_route_sent(kvr_route *r, kvr_worker *w, const kvr_route_keys *k)
 {
     if (r->ops->sent)

@@ -99,6 +99,14 @@ const kvr_route_target *kvr_route_target_of(const kvr_route *r, const kvr_worker
 /** Worker `w` answered 2xx headers for a request with keys `k`: learn it (nothing for a
  *  worker that was removed meanwhile). */
 void kvr_route_teach(kvr_route *r, kvr_worker *w, const kvr_route_keys *k);
+/** Worker `w`, chosen by `pick` (approximate index), reported `cached` of `prompt` prompt
+ *  tokens cached, off the prediction by more than one block: the policy corrects what it
+ *  learned (cache_aware and precise: self-correcting index, policy_cache_aware.h) and, when it
+ *  did, `k` (the request's keys as routed) is taught again, since `w` has just cached that
+ *  prompt. Returns 1 when a correction was made, 0 otherwise (a removed worker, a policy
+ *  without `correct`, nothing to correct). */
+int kvr_route_correct(kvr_route *r, kvr_worker *w, const kvr_route_keys *k, const kvr_pick *pick,
+                      int64_t cached, int64_t prompt);
 /** An attempt with keys `k` was just sent to `w` (policies that predict residency record it). */
 void kvr_route_sent(kvr_route *r, kvr_worker *w, const kvr_route_keys *k);
 /** Worker `w` produced the stored response `id` (len bytes): later requests continuing it

@@ -28,6 +28,9 @@ typedef struct kvr_worker {
     size_t nmodels;
     int64_t inflight;       /**< upstream attempts in progress (DESIGN §4 step 6: changed only
                                  by kvr_worker_acquire/release) */
+    int64_t prefilling;     /**< attempts whose 2xx headers taught the prefix index but whose
+                                 first body byte has not come (the proxy's): what they taught
+                                 may not be cached there yet */
     int healthy;            /**< 1 while its last health check passed (starts at 1) */
     int draining;           /**< 1 when drained (POST /workers/NAME/drain): no new requests,
                                  in-flight ones finish, learned state kept */

@@ -1179,3 +1179,60 @@ def test_new_conversations_sharing_a_system_prompt_spread(sim_factory, kvroute, 
         r2 = c.chat(msgs + [{"role": "assistant", "content": reply},
                             {"role": "user", "content": "thanks"}])
         assert r2.worker == r.worker and r2.decision == "prefix_match", (conv, r, r2)
+# ============================================================================ self-correcting index
+@pytest.mark.parametrize("completion_teaching", [False, True])
+def test_self_correcting_index(sim_factory, kvroute, clients, completion_teaching):
+    """P2 then P1 taught to worker W; W's prefix cache is flushed; P1 sent again: W reports few
+    cached tokens, so kvroute drops what W had used no later than P1 (P2) and counts a
+    correction; P1, just recomputed there, still matches."""
+    admin = free_port()
+    extra = ["--admin-port", admin]
+    if not completion_teaching:
+        extra += ["--teach-completion-max-bytes", "0"]
+    (sim,), kv = sims_kv(sim_factory, kvroute, 1, extra=extra)
+    c = clients(kv)
+    p1, p2 = unique_text(1, "selfcorr") * 8, unique_text(2, "selfcorr") * 8
+
+    def explain(text):
+        body = {"model": SIM_MODEL, "messages": [{"role": "user", "content": text}]}
+        r = httpx.post("http://127.0.0.1:%d/debug/route" % admin, json=body, timeout=5,
+                       verify=SSL_CTX)
+        assert r.status_code == 200, r.text
+        ex = r.json()
+        (row,) = ex["workers"]
+        return row, ex["routing_text_bytes"]
+
+    def corrections():
+        return metric(kv, "kvroute_index_corrections_total", model=SIM_MODEL,
+                      worker=sim.url) or 0
+
+    def capacity():
+        ws = httpx.get("http://127.0.0.1:%d/workers" % admin, timeout=5,
+                       verify=SSL_CTX).json()["workers"]
+        return ws[0]["index_capacity"]
+
+    c.ask(p2)
+    c.ask(p1)
+    for text in (p2, p1):
+        row, n = explain(text)
+        assert row["matched_bytes"] == n and row["match"] == 1.0, row
+    # While the worker holds what the index says, repeats correct nothing.
+    r = c.ask(p1)
+    assert r.match_hdr == "1.00", r
+    full_cap = capacity()
+    # The cache is flushed behind kvroute's back.
+    assert sim.client.post("/sim/reset_prefix_cache").status_code == 200
+    r = c.ask(p1)
+    assert r.worker == sim.url and r.match_hdr == "1.00", r  # still predicted in full...
+    assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] < 16  # ...but gone
+    wait_until(lambda: corrections() == 1, 5, what="a correction counted")
+    row, n = explain(p2)
+    assert row["matched_bytes"] == 0 and row["match"] == 0, row  # P2 is no longer predicted
+    row, n = explain(p1)
+    assert row["matched_bytes"] == n and row["match"] == 1.0, row  # P1 was recomputed there
+    assert capacity() < full_cap  # the estimate fell to what remains
+    # P1 now really is cached there: no further correction.
+    r = c.ask(p1)
+    assert r.match_hdr == "1.00" and r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    time.sleep(0.2)
+    assert corrections() == 1

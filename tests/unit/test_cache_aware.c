@@ -333,6 +333,78 @@ static void test_explain(void **state)
     free_fx(f);
 }
 
+static void test_self_correction(void **state)
+{
+    (void)state;
+    kvr_rand_seed(7);
+    fx *f = setup_fx(NULL);
+    char *p1 = text_n(640, 11), *p2 = text_n(640, 12);
+    kvr_worker *w = f->el[2];
+    teach(f, w, NULL, p2);
+    teach(f, w, NULL, p1);
+    /* P1 routed to its worker: the pick keeps its blocks' last use as they are now. */
+    kvr_pick pk = pick(f, NULL, p1);
+    assert_ptr_equal(pk.worker, w);
+    assert_true(pk.chosen_match == 1.0);
+    assert_string_equal(pk.index, "approximate");
+    assert_int_equal(pk.use.runs, 1);
+    assert_int_equal(pk.use.end[0], 10);
+    kvr_pick other = pick(f, NULL, "nothing anyone holds");
+    assert_int_equal(other.use.runs, 0);
+    teach(f, w, NULL, p1); /* the 2xx headers */
+    /* The worker reports 0 of 160 prompt tokens cached: P2, used before P1, goes; P1 was
+     * cached just now and stays; the cap becomes what remains, but at least twice P1. */
+    kvr_route_keys k = keys(NULL, p1);
+    assert_int_equal(ops->correct(f->p, w, &k, &pk, 0, 160), 1);
+    kvr_pick q = pick(f, NULL, p2);
+    assert_true(q.match == 0);
+    q = pick(f, NULL, p1);
+    assert_true(q.worker == w && q.match == 1.0);
+    kvr_cache_aware_worker_stats ws;
+    kvr_cache_aware_worker_stats_get(f->p, w->id, &ws);
+    assert_int_equal(ws.index_blocks, 10);
+    assert_int_equal(ws.index_capacity, 20);
+    /* A report as good as the prediction corrects nothing; without the routing text nothing
+     * can be corrected either. */
+    assert_int_equal(ops->correct(f->p, w, &k, &q, 160, 160), 0);
+    kvr_route_keys none = keys(NULL, NULL);
+    assert_int_equal(ops->correct(f->p, w, &none, &q, 0, 160), 0);
+    /* Half the prompt predicted, all of it cached: 80 tokens ≈ 320 bytes = 5 blocks more. */
+    q.chosen_match = 0.5;
+    assert_int_equal(ops->correct(f->p, w, &k, &q, 160, 160), 0);
+    kvr_cache_aware_worker_stats_get(f->p, w->id, &ws);
+    assert_int_equal(ws.index_capacity, 25);
+    /* A shortfall within what byte-to-token proportions explain (3/4 of the prediction) is
+     * no evidence of an eviction. */
+    q.chosen_match = 1.0;
+    assert_int_equal(ops->correct(f->p, w, &k, &q, 120, 160), 0);
+    kvr_cache_aware_worker_stats_get(f->p, w->id, &ws);
+    assert_int_equal(ws.index_blocks, 10);
+    assert_int_equal(ws.index_capacity, 25);
+    /* Cached up to block 4 of 10 (no teaching at the headers this time): block 5 was evicted,
+     * so all of P1 (last used together) goes, P2, used since, stays. */
+    q.chosen_match = 0;
+    assert_int_equal(ops->correct(f->p, w, &k, &q, (int64_t)1 << 40, (int64_t)1 << 40), 0);
+    kvr_cache_aware_worker_stats_get(f->p, w->id, &ws);
+    assert_int_equal(ws.index_capacity, 4000000);
+    teach(f, w, NULL, p2);
+    pk = pick(f, NULL, p1);
+    assert_int_equal(pk.use.runs, 1);
+    teach(f, w, NULL, p2);
+    kvr_route_keys k2 = keys(NULL, p1);
+    assert_int_equal(ops->correct(f->p, w, &k2, &pk, 64, 160), 1);
+    kvr_cache_aware_worker_stats_get(f->p, w->id, &ws);
+    assert_int_equal(ws.index_blocks, 10);   /* P2's 10; P1's 10 were all no later */
+    assert_int_equal(ws.index_capacity, 20);
+    q = pick(f, NULL, p1);
+    assert_true(q.match == 0);
+    /* precise has the same correction */
+    assert_ptr_equal(kvr_policy_precise.correct, ops->correct);
+    free(p1);
+    free(p2);
+    free_fx(f);
+}
+
 static void test_registered(void **state)
 {
     (void)state;
@@ -350,6 +422,7 @@ int main(void)
         cmocka_unit_test(test_ties_random),
         cmocka_unit_test(test_forget_and_stats),
         cmocka_unit_test(test_explain),
+        cmocka_unit_test(test_self_correction),
         cmocka_unit_test(test_registered),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -474,6 +474,362 @@ static void test_global_cap_shared(void **state)
     kvr_prefix_index_destroy(ix);
 }
 
+/* ---- use stamps and corrections ------------------------------------------------------- */
+
+/* The stamp a snapshot gives block `b`, or 0 past it (tests never see stamp 0 for a held
+ * block: the clock is 1 after the first insert). */
+static uint32_t use_at(const kvr_prefix_use *u, size_t b)
+{
+    for (uint32_t r = 0; r < u->runs; r++)
+        if (b < u->end[r])
+            return u->stamp[r];
+    return 0;
+}
+
+/* The snapshot the pick takes: match then match_use for one worker. */
+static size_t snap(kvr_prefix_index *ix, size_t w, const char *t, size_t n, kvr_prefix_use *u)
+{
+    size_t m = 0;
+    kvr_prefix_index_match(ix, t, n, &w, 1, &m);
+    kvr_prefix_index_match_use(ix, w, m, u);
+    return m;
+}
+
+/* Reference model with stamps: per worker, keys most recent first with the insert call that
+ * last touched each, a base cap and a learned one. */
+typedef struct smodel {
+    uint64_t *keys, *st;
+    size_t n, cap, base;
+} smodel;
+
+static void smodel_insert(smodel *w, const uint64_t *k, size_t nk, uint64_t clock)
+{
+    size_t m = nk < w->cap ? nk : w->cap;
+    for (size_t i = m; i-- > 0;) {
+        size_t j;
+        for (j = 0; j < w->n; j++)
+            if (w->keys[j] == k[i])
+                break;
+        if (j == w->n)
+            w->n++;
+        memmove(w->keys + 1, w->keys, j * sizeof(uint64_t));
+        memmove(w->st + 1, w->st, j * sizeof(uint64_t));
+        w->keys[0] = k[i];
+        w->st[0] = clock;
+    }
+    if (w->n > w->cap)
+        w->n = w->cap;
+}
+
+static int smodel_stamp(const smodel *w, uint64_t key, uint64_t *st)
+{
+    for (size_t j = 0; j < w->n; j++)
+        if (w->keys[j] == key) {
+            *st = w->st[j];
+            return 1;
+        }
+    return 0;
+}
+
+static void smodel_correct(smodel *w, uint64_t threshold, size_t keep, size_t *dropped)
+{
+    *dropped = 0;
+    while (w->n && w->st[w->n - 1] <= threshold) {
+        w->n--;
+        ++*dropped;
+    }
+    size_t floor = w->n > keep ? w->n : keep;
+    if (!floor)
+        floor = 1;
+    if (floor < w->cap)
+        w->cap = floor;
+}
+
+/* Random traffic over 4 workers with caps large enough that the shards grow several times and
+ * cuckoo walks move entries: snapshots taken at random, corrected many inserts later, give
+ * exactly what a brute-force model with stamps gives: the stamps followed their holdings
+ * through every move and rebuild. */
+static void test_corrections_match_model(void **state)
+{
+    (void)state;
+    enum { NW = 4, CAP = 6000, ROUNDS = 9000, PENDING = 16 };
+    kvr_rand_seed(21);
+    kvr_prefix_index *ix = mk(1u << 30, CAP);
+    kvr_prefix_index_stats st0;
+    kvr_prefix_index_stats_get(ix, &st0);
+    smodel mw[NW];
+    for (size_t i = 0; i < NW; i++)
+        mw[i] = (smodel){calloc(CAP + 200, 8), calloc(CAP + 200, 8), 0, CAP, CAP};
+    struct {
+        int live;
+        size_t w, m;
+        kvr_prefix_use u;
+        uint64_t st[64]; /* the model's stamps of the matched blocks at the snapshot */
+        int due;
+        unsigned forgets;
+    } pend[PENDING];
+    memset(pend, 0, sizeof(pend));
+    unsigned forgets[NW] = {0};
+    char buf[4000];
+    uint64_t keys[80];
+    uint64_t clock = 0;
+    size_t corrections = 0, dropped_total = 0, multi_run = 0;
+    for (int r = 0; r < ROUNDS; r++) {
+        uint64_t x = kvr_rand_u64();
+        size_t n = make_text(buf, x);
+        if (x % 7 == 0) { /* longer unique tails, so the worker lists fill up */
+            fill(buf + n, 1500, x);
+            n += 1500;
+        }
+        size_t nk = kvr_prefix_index_block_keys(B, buf, n, keys, 80);
+        size_t w = (x >> 40) % NW;
+        assert_int_equal(kvr_prefix_index_insert(ix, w, buf, n), 0);
+        smodel_insert(&mw[w], keys, nk, ++clock);
+        assert_int_equal(kvr_prefix_index_worker_blocks(ix, w), mw[w].n);
+
+        /* A pick: snapshot of a random text on a worker that matches it. */
+        if (r % 5 == 0) {
+            size_t slot = kvr_rand_below(PENDING);
+            if (!pend[slot].live) {
+                n = make_text(buf, kvr_rand_u64());
+                nk = kvr_prefix_index_block_keys(B, buf, n, keys, 80);
+                size_t pw = kvr_rand_below(NW);
+                size_t m = snap(ix, pw, buf, n, &pend[slot].u);
+                size_t mb = (m + B - 1) / B;
+                if (mb) {
+                    assert_true(pend[slot].u.runs > 0);
+                    multi_run += pend[slot].u.runs > 1;
+                    for (size_t b = 0; b < mb; b++) {
+                        assert_true(smodel_stamp(&mw[pw], keys[b], &pend[slot].st[b]));
+                        uint32_t got = use_at(&pend[slot].u, b);
+                        if (pend[slot].u.runs < KVR_PREFIX_USE_RUNS)
+                            assert_int_equal(got, pend[slot].st[b]);
+                        else
+                            assert_true(got <= pend[slot].st[b]); /* never later */
+                    }
+                    pend[slot].live = 1;
+                    pend[slot].w = pw;
+                    pend[slot].m = mb;
+                    pend[slot].forgets = forgets[pw];
+                    /* the first third only takes snapshots: they wait through growth */
+                    pend[slot].due = (r < ROUNDS / 3 ? ROUNDS / 3 : r + 1) +
+                                     (int)kvr_rand_below(400);
+                }
+            }
+        }
+        /* The answers come back later: corrections, with more traffic in between. */
+        for (size_t i = 0; i < PENDING; i++) {
+            if (!pend[i].live || pend[i].due != r)
+                continue;
+            pend[i].live = 0;
+            size_t pw = pend[i].w, b = kvr_rand_below(pend[i].m);
+            size_t keep = kvr_rand_below(40);
+            long got = kvr_prefix_index_correct(ix, pw, &pend[i].u, b, keep);
+            if (forgets[pw] != pend[i].forgets) {
+                assert_int_equal(got, -1); /* forgotten since the snapshot: void */
+                continue;
+            }
+            assert_true(got >= 0);
+            size_t want;
+            smodel_correct(&mw[pw], use_at(&pend[i].u, b), keep, &want);
+            assert_int_equal((size_t)got, want);
+            assert_int_equal(kvr_prefix_index_worker_blocks(ix, pw), mw[pw].n);
+            assert_int_equal(kvr_prefix_index_worker_capacity(ix, pw), mw[pw].cap);
+            corrections++;
+            dropped_total += want;
+        }
+        /* Now and then a worker holds more than predicted: its lowered cap comes back. */
+        if (r % 37 == 36) {
+            size_t pw = kvr_rand_below(NW), more = kvr_rand_below(3000);
+            kvr_prefix_index_raise_capacity(ix, pw, more);
+            smodel *m = &mw[pw];
+            m->cap = m->cap >= m->base || more >= m->base - m->cap ? m->base : m->cap + more;
+            assert_int_equal(kvr_prefix_index_worker_capacity(ix, pw), m->cap);
+        }
+        if (r % 1499 == 1498) {
+            size_t gone = kvr_rand_below(NW);
+            assert_int_equal(kvr_prefix_index_forget_worker(ix, gone), mw[gone].n);
+            mw[gone].n = 0;
+            mw[gone].cap = mw[gone].base;
+            forgets[gone]++;
+        }
+        /* Matching agrees with the model throughout. */
+        n = make_text(buf, kvr_rand_u64());
+        nk = kvr_prefix_index_block_keys(B, buf, n, keys, 80);
+        for (size_t i = 0; i < NW; i++) {
+            uint64_t sx;
+            size_t k = 0;
+            while (k < nk && smodel_stamp(&mw[i], keys[k], &sx))
+                k++;
+            size_t want = k * B > n ? n : k * B;
+            assert_int_equal(match1(ix, i, buf, n), want);
+        }
+    }
+    kvr_prefix_index_stats st;
+    kvr_prefix_index_stats_get(ix, &st);
+    print_message("corrections %zu dropped %zu multi-run snapshots %zu table slots %zu -> %zu\n",
+                  corrections, dropped_total, multi_run, st0.table_slots, st.table_slots);
+    assert_true(corrections > 200);
+    assert_true(dropped_total > 0);
+    assert_true(multi_run > 0);
+    assert_true(st.table_slots * 2 > st0.table_slots * 3); /* shards grew meanwhile */
+    assert_int_equal(st.corrected, dropped_total);
+    for (size_t i = 0; i < NW; i++) {
+        free(mw[i].keys);
+        free(mw[i].st);
+    }
+    kvr_prefix_index_destroy(ix);
+}
+
+static void test_correct_semantics(void **state)
+{
+    (void)state;
+    kvr_prefix_index *ix = mk(100000, 0);
+    char p1[640], p2[640], x[640], o[640];
+    fill(p1, sizeof(p1), 101);
+    fill(p2, sizeof(p2), 102);
+    /* P2 then P1 taught to worker 1; P1 routed there again (snapshot); its answer starts and
+     * teaches P1 again; the worker says it had nothing: P2, used before P1, is gone, and P1,
+     * just recomputed, stays. */
+    kvr_prefix_index_insert(ix, 1, p2, sizeof(p2));
+    kvr_prefix_index_insert(ix, 1, p1, sizeof(p1));
+    kvr_prefix_index_insert(ix, 2, p2, sizeof(p2)); /* other workers are not touched */
+    kvr_prefix_use u;
+    assert_int_equal(snap(ix, 1, p1, sizeof(p1), &u), sizeof(p1));
+    assert_int_equal(u.runs, 1);
+    assert_int_equal(u.end[0], 10);
+    kvr_prefix_index_insert(ix, 1, p1, sizeof(p1));
+    assert_int_equal(kvr_prefix_index_correct(ix, 1, &u, 0, 10), 10);
+    assert_int_equal(match1(ix, 1, p2, sizeof(p2)), 0);
+    assert_int_equal(match1(ix, 1, p1, sizeof(p1)), sizeof(p1));
+    assert_int_equal(match1(ix, 2, p2, sizeof(p2)), sizeof(p2));
+    /* Its cap is now what remains (P1's 10 blocks), never below the request's own blocks. */
+    assert_int_equal(kvr_prefix_index_worker_capacity(ix, 1), 10);
+    kvr_prefix_index_stats st;
+    kvr_prefix_index_stats_get(ix, &st);
+    assert_int_equal(st.corrected, 10);
+    assert_int_equal(st.evictions, 0);
+    /* A report of more than predicted lifts the lowered cap, up to the uncorrected one. */
+    kvr_prefix_index_raise_capacity(ix, 1, 15);
+    assert_int_equal(kvr_prefix_index_worker_capacity(ix, 1), 25);
+    kvr_prefix_index_raise_capacity(ix, 1, 1u << 30);
+    assert_int_equal(kvr_prefix_index_worker_capacity(ix, 1), 100000);
+    kvr_prefix_index_raise_capacity(ix, 1, 5); /* no lowered cap: nothing */
+    assert_int_equal(kvr_prefix_index_worker_capacity(ix, 1), 100000);
+
+    /* Runs: X (10 blocks), then its first 4 blocks, then its first 2, each in a later call. */
+    kvr_prefix_index_forget_worker(ix, 1);
+    fill(x, sizeof(x), 103);
+    fill(o, sizeof(o), 104);
+    kvr_prefix_index_insert(ix, 1, o, sizeof(o)); /* older than all of X */
+    kvr_prefix_index_insert(ix, 1, x, 640);
+    kvr_prefix_index_insert(ix, 1, x, 256);
+    kvr_prefix_index_insert(ix, 1, x, 128);
+    assert_int_equal(snap(ix, 1, x, sizeof(x), &u), sizeof(x));
+    assert_int_equal(u.runs, 3);
+    assert_int_equal(u.end[0], 2);
+    assert_int_equal(u.end[1], 4);
+    assert_int_equal(u.end[2], 10);
+    assert_true(u.stamp[0] > u.stamp[1] && u.stamp[1] > u.stamp[2]);
+    /* The worker had blocks 0..2 but not 3: what it used no later than block 3 goes, i.e.
+     * blocks 2..9 of X and all of O; blocks 0..1, used later, stay. */
+    assert_int_equal(kvr_prefix_index_correct(ix, 1, &u, 3, 1), 18);
+    assert_int_equal(match1(ix, 1, x, sizeof(x)), 128);
+    assert_int_equal(match1(ix, 1, o, sizeof(o)), 0);
+    assert_int_equal(kvr_prefix_index_worker_capacity(ix, 1), 2);
+    /* A block past the snapshot, an empty snapshot, an unknown worker: nothing applies. */
+    assert_int_equal(kvr_prefix_index_correct(ix, 1, &u, 10, 1), -1);
+    kvr_prefix_use none;
+    memset(&none, 0, sizeof(none));
+    assert_int_equal(kvr_prefix_index_correct(ix, 1, &none, 0, 1), -1);
+    assert_int_equal(kvr_prefix_index_correct(ix, 7, &u, 0, 1), -1);
+    /* A snapshot taken before the worker was forgotten is void: its entries since are new. */
+    kvr_prefix_index_raise_capacity(ix, 1, 1u << 30);
+    kvr_prefix_index_insert(ix, 1, x, sizeof(x));
+    assert_int_equal(snap(ix, 1, x, sizeof(x), &u), sizeof(x));
+    kvr_prefix_index_forget_worker(ix, 1);
+    kvr_prefix_index_insert(ix, 1, o, sizeof(o));
+    assert_int_equal(kvr_prefix_index_correct(ix, 1, &u, 0, 1), -1);
+    assert_int_equal(match1(ix, 1, o, sizeof(o)), sizeof(o));
+    assert_int_equal(kvr_prefix_index_worker_capacity(ix, 1), 100000);
+    /* An insert between the match and match_use voids the latter. */
+    size_t w = 1, m;
+    kvr_prefix_index_match(ix, o, sizeof(o), &w, 1, &m);
+    assert_int_equal(m, sizeof(o));
+    kvr_prefix_index_insert(ix, 1, x, 64);
+    kvr_prefix_index_match_use(ix, 1, m, &u);
+    assert_int_equal(u.runs, 0);
+    /* A published capacity replaces a learned one. */
+    kvr_prefix_index_insert(ix, 1, x, sizeof(x));
+    assert_int_equal(snap(ix, 1, o, sizeof(o), &u), sizeof(o));
+    assert_true(kvr_prefix_index_correct(ix, 1, &u, 0, 3) >= 10);
+    assert_int_equal(kvr_prefix_index_worker_capacity(ix, 1), 10); /* x's blocks remain */
+    kvr_prefix_index_set_worker_capacity(ix, 1, 500);
+    assert_int_equal(kvr_prefix_index_worker_capacity(ix, 1), 500);
+    /* keep_blocks is a floor, and a correction never raises a cap. */
+    kvr_prefix_index_insert(ix, 1, o, sizeof(o));
+    assert_int_equal(snap(ix, 1, o, sizeof(o), &u), sizeof(o));
+    kvr_prefix_index_insert(ix, 1, o, sizeof(o));
+    assert_int_equal(kvr_prefix_index_correct(ix, 1, &u, 0, 50), 10); /* x's blocks */
+    assert_int_equal(kvr_prefix_index_worker_capacity(ix, 1), 50);
+    assert_int_equal(snap(ix, 1, o, sizeof(o), &u), sizeof(o));
+    assert_int_equal(kvr_prefix_index_correct(ix, 1, &u, 0, 400), 10);
+    assert_int_equal(kvr_prefix_index_worker_capacity(ix, 1), 50);
+    kvr_prefix_index_destroy(ix);
+}
+
+static void test_snapshot_with_more_runs_than_kept(void **state)
+{
+    (void)state;
+    kvr_prefix_index *ix = mk(100000, 0);
+    char x[64 * 20];
+    fill(x, sizeof(x), 105);
+    /* 20 runs: prefixes of 20, 19, ..., 1 blocks, each taught after the longer one. */
+    for (size_t k = 20; k >= 1; k--)
+        kvr_prefix_index_insert(ix, 1, x, k * 64);
+    kvr_prefix_use u;
+    assert_int_equal(snap(ix, 1, x, sizeof(x), &u), sizeof(x));
+    assert_int_equal(u.runs, KVR_PREFIX_USE_RUNS);
+    for (size_t b = 0; b + 1 < KVR_PREFIX_USE_RUNS; b++)
+        assert_int_equal(u.end[b], b + 1);
+    assert_int_equal(u.end[KVR_PREFIX_USE_RUNS - 1], 20);
+    /* Inside the merged run, the oldest stamp stands for all: only block 19 (the oldest) goes
+     * for a miss at block 12, never a block used later than block 12 was. */
+    assert_int_equal(kvr_prefix_index_correct(ix, 1, &u, 12, 1), 1);
+    assert_int_equal(match1(ix, 1, x, sizeof(x)), 19 * 64);
+    /* Before the merged run, exact: a miss at block 3 drops blocks 3.. */
+    assert_int_equal(snap(ix, 1, x, sizeof(x), &u), 19 * 64);
+    assert_int_equal(kvr_prefix_index_correct(ix, 1, &u, 3, 1), 16);
+    assert_int_equal(match1(ix, 1, x, sizeof(x)), 3 * 64);
+    kvr_prefix_index_destroy(ix);
+}
+
+static void test_stamps_survive_clock_wrap(void **state)
+{
+    (void)state;
+    kvr_prefix_index *ix = mk(100000, 0);
+    char a[640], b[640], c[640];
+    fill(a, sizeof(a), 106);
+    fill(b, sizeof(b), 107);
+    fill(c, sizeof(c), 108);
+    /* A is left untouched while the clock runs 1.5 times round: in serial order its stamp
+     * would then be newer than B's, taught after, and stop the correction at the tail. The age
+     * sweeps keep it old. */
+    kvr_prefix_index_insert(ix, 1, a, sizeof(a));
+    kvr_prefix_index_tick(ix, (3ull << 31) + 12345);
+    kvr_prefix_index_insert(ix, 1, b, sizeof(b));
+    kvr_prefix_index_tick(ix, 777);
+    kvr_prefix_index_insert(ix, 1, c, sizeof(c));
+    kvr_prefix_use u;
+    assert_int_equal(snap(ix, 1, b, sizeof(b), &u), sizeof(b));
+    kvr_prefix_index_tick(ix, 1000);
+    assert_int_equal(kvr_prefix_index_correct(ix, 1, &u, 0, 1), 20);
+    assert_int_equal(match1(ix, 1, a, sizeof(a)), 0);
+    assert_int_equal(match1(ix, 1, b, sizeof(b)), 0);
+    assert_int_equal(match1(ix, 1, c, sizeof(c)), sizeof(c));
+    kvr_prefix_index_destroy(ix);
+}
+
 static void test_kv_tokens_conversion(void **state)
 {
     (void)state;
@@ -497,6 +853,10 @@ int main(void)
         cmocka_unit_test(test_forget_worker_and_capacity),
         cmocka_unit_test(test_global_cap_shared),
         cmocka_unit_test(test_kv_tokens_conversion),
+        cmocka_unit_test(test_corrections_match_model),
+        cmocka_unit_test(test_correct_semantics),
+        cmocka_unit_test(test_snapshot_with_more_runs_than_kept),
+        cmocka_unit_test(test_stamps_survive_clock_wrap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
