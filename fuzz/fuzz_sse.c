@@ -2,13 +2,14 @@
  * worker sends, as a JSON body or as an SSE stream, must never crash, leak or invoke undefined
  * behaviour, whatever the reads' boundaries.
  *
- * Each input runs in the four modes (sse 0/1 × want_id 0/1) with a memory cap chosen from the
- * input (0 = scanning off, small caps so the overlong-line and overflow paths are reachable,
- * and kvroute's default 1 MiB), fed once whole and once split in chunks: either up to 8 at
+ * Each input runs in six modes (sse 0/1 × want_id 0/1, or as an Anthropic Messages answer
+ * with its reply collected for completion teaching) with a memory cap chosen from the input
+ * (0 = scanning off, small caps so the overlong-line and overflow paths are reachable, and
+ * kvroute's default 1 MiB), fed once whole and once split in chunks: either up to 8 at
  * positions drawn from a hash of the input, or one read per field (a cut before every
  * "data:", as when a worker flushes each event, up to 64). The reader reassembles events
  * split across reads, so both feeds must give the same result: where the socket reads ended
- * must not change what was counted.
+ * must not change what was counted, nor the reply collected.
  *
  * Not checked: that token counts are non-negative. usage.h reports the worker's numbers as
  * sent (a negative one included); the metrics layer refuses to decrement a counter
@@ -30,11 +31,16 @@ static uint64_t hash(const uint8_t *p, size_t n)
     return h;
 }
 
-/* Feeds `n` bytes split at cuts[0..ncuts) (ascending), then finishes. */
-static void scan(kvr_usage *u, int sse, size_t cap, int want_id, const char *p, size_t n,
+/* Feeds `n` bytes split at cuts[0..ncuts) (ascending), then finishes. Mode 2: Messages. */
+static void scan(kvr_usage *u, int sse, size_t cap, int mode, const char *p, size_t n,
                  const size_t *cuts, size_t ncuts)
 {
+    int want_id = mode == 1;
     kvr_usage_init(u, sse, cap, want_id);
+    if (mode == 2) {
+        kvr_usage_messages(u);
+        kvr_usage_want_reply(u, 4096);
+    }
     size_t start = 0;
     for (size_t k = 0; k <= ncuts; k++) {
         size_t end = k < ncuts ? cuts[k] : n;
@@ -91,12 +97,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
 
     for (int sse = 0; sse <= 1; sse++) {
-        for (int want_id = 0; want_id <= 1; want_id++) {
+        for (int mode = 0; mode <= 2; mode++) {
             kvr_usage whole, split;
-            scan(&whole, sse, cap, want_id, p, size, NULL, 0);
-            scan(&split, sse, cap, want_id, p, size, cuts, ncuts);
+            scan(&whole, sse, cap, mode, p, size, NULL, 0);
+            scan(&split, sse, cap, mode, p, size, cuts, ncuts);
             if (!same(&whole, &split))
                 __builtin_trap();
+            json_t *rw = kvr_usage_reply(&whole, 0), *rs = kvr_usage_reply(&split, 0);
+            if ((rw == NULL) != (rs == NULL) || (rw && !json_equal(rw, rs)))
+                __builtin_trap();
+            json_decref(rw);
+            json_decref(rs);
             kvr_usage_free(&whole);
             kvr_usage_free(&split);
         }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs every Debian 12 package that building, testing, benchmarking and the demo need,
-# plus the pinned `openai` npm client used by the e2e tests. Idempotent; run as root.
+# plus the pinned `openai` and `@anthropic-ai/sdk` npm clients used by the e2e tests.
+# Idempotent; run as root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SUDO=""
@@ -22,7 +23,8 @@ if [ "${#missing[@]}" -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
-# The real OpenAI client, pinned by tests/e2e/js/package-lock.json.
-if [ -f tests/e2e/js/package-lock.json ] && [ ! -d tests/e2e/js/node_modules/openai ]; then
+# The real OpenAI and Anthropic clients, pinned by tests/e2e/js/package-lock.json.
+if [ -f tests/e2e/js/package-lock.json ] && { [ ! -d tests/e2e/js/node_modules/openai ] ||
+  [ ! -d tests/e2e/js/node_modules/@anthropic-ai/sdk ]; }; then
   (cd tests/e2e/js && npm ci --no-audit --no-fund --loglevel=error)
 fi

@@ -1,7 +1,7 @@
 /* kvroute-sim endpoints: request parsing, admission (faults, delay), streaming the engine's
- * tokens back as OpenAI JSON/SSE. Response JSON is written by hand on the hot path (jansson
- * only parses requests). The three generation endpoints share everything up to the engine;
- * only their output writers differ. */
+ * tokens back as OpenAI (or Anthropic) JSON/SSE. Response JSON is written by hand on the hot
+ * path (jansson only parses requests). The four generation endpoints share everything up to
+ * the engine; only their output writers differ. */
 #include "api.h"
 
 #include <jansson.h>
@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "respstore.h"
+#include "routing/anthropic.h"
 #include "template.h"
 #include "tokenizer.h"
 #include "util/json_read.h"
@@ -38,7 +39,7 @@ struct kvr_sim_api {
     kvr_buf scratch;
 };
 
-enum { K_COMPLETION, K_CHAT, K_RESPONSE };
+enum { K_COMPLETION, K_CHAT, K_RESPONSE, K_MESSAGE };
 
 /* What a /v1/responses request adds. */
 typedef struct resp_extra {
@@ -145,7 +146,7 @@ static void send_error_ex(kvr_http_req *req, int status, const char *msg, const 
 {
     kvr_buf b;
     kvr_buf_init(&b, 0);
-    if (kvr_oai_error_json(&b, status, msg, param, code) < 0)
+    if (kvr_error_json_for(&b, kvr_http_req_path(req), status, NULL, msg, param, code) < 0)
         kvr_buf_reset(&b);
     kvr_http_resp_simple(req, status, JSON_TYPE, extra, nextra, b.data ? b.data : "", b.len);
     kvr_buf_free(&b);
@@ -515,6 +516,104 @@ static void resp_finish_json(sim_req *r, const kvr_sim_seq_info *in)
     r->http = NULL;
 }
 
+/* ---- /v1/messages output (Anthropic) ---- */
+
+/* Anthropic's input_tokens leaves the cached tokens out; an engine's prefix cache creates no
+ * separately billed cache entries, so cache_creation_input_tokens is 0. */
+static int put_msg_usage(kvr_buf *b, const kvr_sim_seq_info *in, size_t output)
+{
+    int rc = kvr_buf_puts(b, "{\"input_tokens\":");
+    rc |= put_u64(b, in->prompt_tokens - in->cached_tokens);
+    rc |= kvr_buf_puts(b, ",\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":");
+    rc |= put_u64(b, in->cached_tokens);
+    rc |= kvr_buf_puts(b, ",\"output_tokens\":");
+    rc |= put_u64(b, output);
+    return rc | kvr_buf_puts(b, "}");
+}
+
+/* The message object: as message_start carries it (no content yet, output_tokens 1, as
+ * Anthropic sends), or complete. The sim always generates max_tokens tokens. */
+static int put_message(sim_req *r, kvr_buf *b, const kvr_sim_seq_info *in, int done)
+{
+    int rc = kvr_buf_puts(b, "{\"id\":\"");
+    rc |= kvr_buf_puts(b, r->id);
+    rc |= kvr_buf_puts(b, "\",\"type\":\"message\",\"role\":\"assistant\",\"model\":");
+    rc |= put_json_str(b, r->api->model, strlen(r->api->model));
+    rc |= kvr_buf_puts(b, ",\"content\":[");
+    if (done) {
+        rc |= kvr_buf_puts(b, "{\"type\":\"text\",\"text\":");
+        rc |= put_json_str(b, r->text.data ? r->text.data : "", r->text.len);
+        rc |= kvr_buf_puts(b, "}");
+    }
+    rc |= kvr_buf_puts(b, done ? "],\"stop_reason\":\"max_tokens\""
+                               : "],\"stop_reason\":null");
+    rc |= kvr_buf_puts(b, ",\"stop_sequence\":null,\"usage\":");
+    rc |= put_msg_usage(b, in, done ? in->output_tokens : 1);
+    return rc | kvr_buf_puts(b, "}");
+}
+
+/* `event: <type>` and `data: {"type":<type>` in the scratch buffer; the caller adds the
+ * event's fields, then event_send(). */
+static kvr_buf *msg_event(sim_req *r, const char *type)
+{
+    kvr_buf *b = &r->api->scratch;
+    kvr_buf_reset(b);
+    kvr_buf_puts(b, "event: ");
+    kvr_buf_puts(b, type);
+    kvr_buf_puts(b, "\ndata: {\"type\":\"");
+    kvr_buf_puts(b, type);
+    kvr_buf_puts(b, "\"");
+    return b;
+}
+
+/* message_start and content_block_start go with the first token: message_start's usage
+ * needs the prefix-cache hit, known once the engine admitted the prompt. */
+static void msg_stream_token(sim_req *r, const kvr_sim_seq_info *in, size_t idx,
+                             const char *piece, size_t n)
+{
+    kvr_buf *b;
+    if (idx == 0) {
+        b = msg_event(r, "message_start");
+        kvr_buf_puts(b, ",\"message\":");
+        put_message(r, b, in, 0);
+        event_send(r, b);
+        b = msg_event(r, "content_block_start");
+        kvr_buf_puts(b, ",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}");
+        event_send(r, b);
+    }
+    b = msg_event(r, "content_block_delta");
+    kvr_buf_puts(b, ",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":");
+    put_json_str(b, piece, n);
+    kvr_buf_puts(b, "}");
+    event_send(r, b);
+}
+
+static void msg_finish_stream(sim_req *r, const kvr_sim_seq_info *in)
+{
+    kvr_buf *b = msg_event(r, "content_block_stop");
+    kvr_buf_puts(b, ",\"index\":0");
+    event_send(r, b);
+    b = msg_event(r, "message_delta");
+    kvr_buf_puts(b, ",\"delta\":{\"stop_reason\":\"max_tokens\",\"stop_sequence\":null},"
+                    "\"usage\":{\"output_tokens\":");
+    put_u64(b, in->output_tokens);
+    kvr_buf_puts(b, "}");
+    event_send(r, b);
+    event_send(r, msg_event(r, "message_stop"));
+    end_stream(r);
+}
+
+static void msg_finish_json(sim_req *r, const kvr_sim_seq_info *in)
+{
+    kvr_buf *b = &r->api->scratch;
+    kvr_buf_reset(b);
+    if (put_message(r, b, in, 1) < 0)
+        send_error(r->http, 500, "response too large", NULL);
+    else
+        send_json(r->http, 200, b, r->xrid);
+    r->http = NULL;
+}
+
 /* Stored before the answer is written, so a client that sends the follow-up as soon as it
  * has read the answer always finds it. The ids are what the template renders for the
  * assistant message: its header ended the prompt, then the output, then <|eot_id|>. */
@@ -564,6 +663,8 @@ static void on_token(void *ud, kvr_sim_seq *seq, uint32_t id, size_t idx, int la
     r->in_cb = 1;
     if (r->kind == K_RESPONSE)
         resp_stream_token(r, idx, piece, n);
+    else if (r->kind == K_MESSAGE)
+        msg_stream_token(r, kvr_sim_seq_get_info(seq), idx, piece, n);
     else
         chunk_token(r, idx, piece, n, last);
     r->in_cb = 0;
@@ -584,6 +685,10 @@ static void on_finish(void *ud, kvr_sim_seq *seq)
             resp_finish_stream(r, in);
         else if (r->kind == K_RESPONSE)
             resp_finish_json(r, in);
+        else if (r->kind == K_MESSAGE && r->stream)
+            msg_finish_stream(r, in);
+        else if (r->kind == K_MESSAGE)
+            msg_finish_json(r, in);
         else if (r->stream)
             finish_stream(r, in);
         else
@@ -746,7 +851,7 @@ static int read_gen_fields(kvr_sim_api *api, kvr_http_req *req, const json_t *j,
         return -1;
     }
     size_t n = 1;
-    if (kind != K_RESPONSE && (get_count(j, "n", &n) < 0 || n != 1)) {
+    if ((kind == K_CHAT || kind == K_COMPLETION) && (get_count(j, "n", &n) < 0 || n != 1)) {
         send_error(req, 400, "kvroute-sim supports only n = 1", "n");
         return -1;
     }
@@ -868,7 +973,8 @@ static sim_req *new_req(kvr_sim_api *api, kvr_http_req *req, kvr_sim_toks *toks,
     r->created = kvr_unix_time();
     kvr_buf_init(&r->text, 0);
     if (kind != K_RESPONSE)
-        make_id(api, kind == K_CHAT ? "chatcmpl-" : "cmpl-", r->id, sizeof(r->id));
+        make_id(api, kind == K_CHAT ? "chatcmpl-" : kind == K_MESSAGE ? "msg_" : "cmpl-", r->id,
+                sizeof(r->id));
     return r;
 }
 
@@ -1115,6 +1221,84 @@ static void responses(kvr_sim_api *api, kvr_http_req *req)
     }
 out:
     free_rx(x);
+    kvr_sim_toks_free(&toks);
+    json_decref(j);
+}
+
+/* ---- /v1/messages, /v1/messages/count_tokens (Anthropic) ---- */
+
+/* The prompt: the request's chat form (routing/anthropic.h, the conversion engines serving
+ * /v1/messages apply) through the chat template, with the generation prompt. */
+static int render_messages_req(const json_t *j, kvr_sim_toks *toks, const char **err,
+                               const char **param)
+{
+    const json_t *m = json_object_get(j, "messages"), *sys = json_object_get(j, "system");
+    *param = "messages";
+    if (!json_is_array(m) || json_array_size(m) == 0) {
+        *err = "'messages' must be a non-empty array";
+        return -1;
+    }
+    if (sys && !json_is_null(sys) && !json_is_string(sys) && !json_is_array(sys)) {
+        *err = "'system' must be a string or an array of text blocks";
+        *param = "system";
+        return -1;
+    }
+    json_t *chat = kvr_anthropic_to_chat(j);
+    if (!chat) {
+        toks->oom = 1;
+        return 0;
+    }
+    int rc = kvr_sim_render_chat(toks, json_object_get(chat, "messages"),
+                                 json_object_get(chat, "tools"), 1, err, param);
+    json_decref(chat);
+    return rc;
+}
+
+static void messages(kvr_sim_api *api, kvr_http_req *req)
+{
+    json_t *j = parse_body(req);
+    if (!j)
+        return;
+    int stream;
+    size_t max_tokens;
+    const char *err = NULL, *param = NULL;
+    kvr_sim_toks toks;
+    init_toks(api, &toks);
+    if (read_gen_fields(api, req, j, K_MESSAGE, &stream, &max_tokens) < 0)
+        goto out;
+    int rc = render_messages_req(j, &toks, &err, &param);
+    if (render_status(req, rc, &toks, err, param) < 0 ||
+        check_limits(api, req, toks.total, max_tokens, "messages") < 0)
+        goto out;
+    sim_req *r = new_req(api, req, &toks, max_tokens, K_MESSAGE, stream);
+    if (r)
+        start_req(r);
+out:
+    kvr_sim_toks_free(&toks);
+    json_decref(j);
+}
+
+/* {"input_tokens": N}: the whole prompt, as the engine would render it for /v1/messages. */
+static void count_tokens(kvr_sim_api *api, kvr_http_req *req)
+{
+    json_t *j = parse_body(req);
+    if (!j)
+        return;
+    const char *err = NULL, *param = NULL;
+    kvr_sim_toks toks;
+    init_toks(api, &toks);
+    if (check_model(api, req, j) < 0)
+        goto out;
+    int rc = render_messages_req(j, &toks, &err, &param);
+    if (render_status(req, rc, &toks, err, param) < 0)
+        goto out;
+    kvr_buf *b = &api->scratch;
+    kvr_buf_reset(b);
+    kvr_buf_puts(b, "{\"input_tokens\":");
+    put_u64(b, toks.total);
+    kvr_buf_puts(b, "}");
+    send_json(req, 200, b, NULL);
+out:
     kvr_sim_toks_free(&toks);
     json_decref(j);
 }
@@ -1435,8 +1619,8 @@ static int method_ok(kvr_http_req *req, methods m, int *is_post)
 }
 
 enum {
-    R_CHAT, R_COMPLETIONS, R_RESPONSES, R_TOKENIZE, R_DETOKENIZE, R_MODELS, R_HEALTH,
-    R_METRICS, R_RESET, R_EVICT, R_FAULTS, R_LMCACHE, R_STATS
+    R_CHAT, R_COMPLETIONS, R_RESPONSES, R_MESSAGES, R_COUNT_TOKENS, R_TOKENIZE, R_DETOKENIZE,
+    R_MODELS, R_HEALTH, R_METRICS, R_RESET, R_EVICT, R_FAULTS, R_LMCACHE, R_STATS
 };
 
 static const struct route {
@@ -1447,6 +1631,8 @@ static const struct route {
     {"/v1/chat/completions", POST_ONLY, R_CHAT},
     {"/v1/completions", POST_ONLY, R_COMPLETIONS},
     {"/v1/responses", POST_ONLY, R_RESPONSES},
+    {"/v1/messages", POST_ONLY, R_MESSAGES},
+    {"/v1/messages/count_tokens", POST_ONLY, R_COUNT_TOKENS},
     {"/tokenize", POST_ONLY, R_TOKENIZE},
     {"/detokenize", POST_ONLY, R_DETOKENIZE},
     {"/v1/models", GET_ONLY, R_MODELS},
@@ -1466,6 +1652,8 @@ static void serve(kvr_sim_api *api, kvr_http_req *req, int id, int post)
     case R_CHAT: completions(api, req, K_CHAT); break;
     case R_COMPLETIONS: completions(api, req, K_COMPLETION); break;
     case R_RESPONSES: responses(api, req); break;
+    case R_MESSAGES: messages(api, req); break;
+    case R_COUNT_TOKENS: count_tokens(api, req); break;
     case R_TOKENIZE: tokenize(api, req); break;
     case R_DETOKENIZE: detokenize(api, req); break;
     case R_MODELS: models(api, req); break;

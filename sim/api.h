@@ -8,6 +8,11 @@
  *        instructions, max_output_tokens, previous_response_id, store; JSON or SSE events
  *        (response.created … response.completed); rendered through the chat template, stored
  *        conversations in respstore.h
+ *   POST /v1/messages      Anthropic Messages API (system, messages, tools, max_tokens):
+ *        the request's chat form (routing/anthropic.h) through the chat template; JSON or SSE
+ *        in Anthropic's event sequence (message_start … message_stop); usage input_tokens
+ *        excludes the cached tokens, which cache_read_input_tokens counts
+ *   POST /v1/messages/count_tokens   → {input_tokens}: the prompt /v1/messages would prefill
  *   POST /tokenize        {prompt[, add_special_tokens=true]} or {messages[, tools,
  *                         add_generation_prompt=true, add_special_tokens=false]}, optional
  *                         return_token_strs → {count, max_model_len, tokens, token_strs}
@@ -18,11 +23,11 @@
  *   POST /sim/evict: evicts every free cached block now (one BlockRemoved each) → {evicted}
  *   GET|POST /sim/faults (faults.h), GET /sim/stats (engine counters as JSON)
  *
- * Errors use the OpenAI shape (util/oai_error.h): 400 bad JSON/fields/too long, 404 unknown
- * model, path or previous_response_id, 405 wrong method, 409 reset refused, 503 queue full,
- * and injected failures. Streams send their headers when the request is admitted (after
- * --delay-ms), like vLLM's StreamingResponse; a client that leaves aborts its sequence and
- * frees its blocks. */
+ * Errors use the OpenAI shape (util/oai_error.h; Anthropic's on the /v1/messages paths): 400
+ * bad JSON/fields/too long, 404 unknown model, path or previous_response_id, 405 wrong method,
+ * 409 reset refused, 503 queue full, and injected failures. Streams send their headers when
+ * the request is admitted (after --delay-ms), like vLLM's StreamingResponse; a client that
+ * leaves aborts its sequence and frees its blocks. */
 #ifndef KVR_SIM_API_H
 #define KVR_SIM_API_H
 #include <stddef.h>

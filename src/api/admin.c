@@ -270,10 +270,15 @@ static int endpoint_of(kvr_http_req *r, const json_t *body, kvr_endpoint *ep)
             return *ep = KVR_EP_COMPLETIONS, 0;
         if (strstr(t, "endpoint=responses"))
             return *ep = KVR_EP_RESPONSES, 0;
+        if (strstr(t, "endpoint=messages"))
+            return *ep = KVR_EP_MESSAGES, 0;
         if (strstr(t, "endpoint="))
             return -1;
     }
-    *ep = json_object_get(body, "messages")  ? KVR_EP_CHAT
+    /* Anthropic clients always send anthropic-version; OpenAI's chat has no top-level system. */
+    int anthropic =
+        kvr_http_req_header(r, "anthropic-version") || json_object_get(body, "system");
+    *ep = json_object_get(body, "messages") ? (anthropic ? KVR_EP_MESSAGES : KVR_EP_CHAT)
           : json_object_get(body, "prompt") ? KVR_EP_COMPLETIONS
                                              : KVR_EP_RESPONSES;
     return 0;
@@ -371,7 +376,8 @@ static void debug_route(kvr_app *app, kvr_http_req *r)
     }
     if (endpoint_of(r, j, &ep) < 0 || kvr_api_validate(j, ep, msg, sizeof(msg), &param)) {
         if (!param)
-            snprintf(msg, sizeof(msg), "endpoint must be chat, completions or responses");
+            snprintf(msg, sizeof(msg),
+                     "endpoint must be chat, completions, responses or messages");
         json_decref(j);
         reply_error(r, 400, msg, NULL, 0);
         return;

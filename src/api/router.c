@@ -12,7 +12,10 @@
 #include "proxy/proxy.h"
 #include "util/json_read.h"
 
-typedef enum { R_CHAT, R_COMPLETIONS, R_RESPONSES, R_MODELS, R_HEALTHZ, R_READYZ, R_METRICS } route;
+typedef enum {
+    R_CHAT, R_COMPLETIONS, R_RESPONSES, R_MESSAGES, R_COUNT_TOKENS, R_MODELS, R_HEALTHZ,
+    R_READYZ, R_METRICS
+} route;
 
 static const struct {
     const char *path;
@@ -20,7 +23,8 @@ static const struct {
     int post; /* 1: POST only; 0: GET/HEAD only */
 } routes[] = {
     {"/v1/chat/completions", R_CHAT, 1}, {"/v1/completions", R_COMPLETIONS, 1},
-    {"/v1/responses", R_RESPONSES, 1},   {"/v1/models", R_MODELS, 0},
+    {"/v1/responses", R_RESPONSES, 1},   {"/v1/messages", R_MESSAGES, 1},
+    {"/v1/messages/count_tokens", R_COUNT_TOKENS, 1}, {"/v1/models", R_MODELS, 0},
     {"/healthz", R_HEALTHZ, 0},          {"/readyz", R_READYZ, 0},
     {"/metrics", R_METRICS, 0},
 };
@@ -125,6 +129,12 @@ void kvr_api_handle(kvr_http_req *r, void *ud)
             return;
         case R_RESPONSES:
             proxied(app, r, KVR_EP_RESPONSES);
+            return;
+        case R_MESSAGES:
+            proxied(app, r, KVR_EP_MESSAGES);
+            return;
+        case R_COUNT_TOKENS:
+            proxied(app, r, KVR_EP_COUNT_TOKENS);
             return;
         case R_MODELS:
             kvr_api_models(app, r);

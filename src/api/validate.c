@@ -1,4 +1,4 @@
-/* OpenAI request body validation. */
+/* OpenAI and Anthropic request body validation. */
 #include "api/validate.h"
 
 #include <stdio.h>
@@ -55,7 +55,16 @@ int kvr_api_validate(const json_t *body, kvr_endpoint ep, char *msg, size_t cap,
     const json_t *stream = json_object_get(body, "stream");
     if (stream && !json_is_boolean(stream) && !json_is_null(stream))
         return fail(msg, cap, param, "stream", "'stream' must be a boolean");
-    if (ep == KVR_EP_CHAT) {
+    if (ep == KVR_EP_MESSAGES || ep == KVR_EP_COUNT_TOKENS) {
+        const json_t *sys = json_object_get(body, "system");
+        if (sys && !json_is_string(sys) && !json_is_array(sys) && !json_is_null(sys))
+            return fail(msg, cap, param, "system", "'system' must be a string or an array of "
+                                                   "text blocks");
+        const json_t *tools = json_object_get(body, "tools");
+        if (tools && !json_is_array(tools) && !json_is_null(tools))
+            return fail(msg, cap, param, "tools", "'tools' must be an array");
+    }
+    if (ep == KVR_EP_CHAT || ep == KVR_EP_MESSAGES || ep == KVR_EP_COUNT_TOKENS) {
         const json_t *m = json_object_get(body, "messages");
         if (!m)
             return fail(msg, cap, param, "messages", "you must provide a messages parameter");

@@ -1,4 +1,4 @@
-/* OpenAI-style error answers. */
+/* Error answers: OpenAI's shape, Anthropic's on its paths (util/oai_error.h). */
 #include "app/reply.h"
 
 #include <stdio.h>
@@ -32,7 +32,7 @@ void kvr_reply_error_typed(kvr_app *app, kvr_http_req *r, const char *model, int
 {
     kvr_buf b;
     kvr_buf_init(&b, 0);
-    kvr_oai_error_json_typed(&b, type, message, param, code);
+    kvr_error_json_for(&b, kvr_http_req_path(r), status, type, message, param, code);
     kvr_reply_count(app, r, model, status);
     kvr_http_resp_simple(r, status, "application/json", extra, n, b.data, b.len);
     kvr_buf_free(&b);

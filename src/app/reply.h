@@ -1,12 +1,13 @@
-/* Answers a request with an OpenAI-style error, and counts finished requests (used by the api
- * and proxy layers alike). */
+/* Answers a request with an error in OpenAI's shape (Anthropic's on its paths), and counts
+ * finished requests (used by the api and proxy layers alike). */
 #ifndef KVR_APP_REPLY_H
 #define KVR_APP_REPLY_H
 #include "app/app.h"
 
-/** Sends `status` with {"error":{"message","type","param","code"}} (param/code may be NULL),
- *  plus `n` extra headers, counts it in kvroute_requests_total{model,endpoint,code} and the
- *  duration histogram, and releases `r`. `model` may be NULL ("" label). */
+/** Sends `status` with {"error":{"message","type","param","code"}} (param/code may be NULL;
+ *  on Anthropic's paths /v1/messages…, its shape {"type":"error","error":{"type","message"}}
+ *  instead), plus `n` extra headers, counts it in kvroute_requests_total{model,endpoint,code}
+ *  and the duration histogram, and releases `r`. `model` may be NULL ("" label). */
 void kvr_reply_error(kvr_app *app, kvr_http_req *r, const char *model, int status,
                    const char *message, const char *param, const char *code,
                    const kvr_http_header *extra, size_t n);

@@ -323,12 +323,15 @@ void kvr_http__close_after_flush(kvr_http_conn *c)
         kvr_http__flush_later(c);
 }
 
-/* A complete error response with an OpenAI-style JSON body that ends the connection. */
+/* A complete error response with an OpenAI-style JSON body that ends the connection (in
+ * Anthropic's shape once the headers named one of its paths: its clients parse only that). */
 static int queue_error(kvr_http_conn *c, int status, const char *msg)
 {
     kvr_buf body;
     kvr_buf_init(&body, 4096);
-    int rc = kvr_oai_error_json(&body, status, msg ? msg : kvr_http_reason(status), NULL, NULL);
+    const char *path = c->headers_done ? kvr_http_req_path(&c->req) : NULL;
+    int rc = kvr_error_json_for(&body, path, status, NULL, msg ? msg : kvr_http_reason(status),
+                                NULL, NULL);
     kvr_buf *b = &c->out;
     size_t mark = b->len;
     rc |= put_status_line(b, c->srv, status);

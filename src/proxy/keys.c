@@ -20,7 +20,9 @@ int kvr_request_keys_build(kvr_app *app, const kvr_route *route, const json_t *b
     memset(out, 0, sizeof(*out));
     kvr_buf_init(&out->session, 0);
     kvr_buf_init(&out->text, app->cfg.max_routing_text_bytes);
-    if (!route->ops->uses_keys)
+    /* count_tokens leaves the KV cache as it was: keys would teach a session or a prefix to a
+     * worker that holds neither. */
+    if (!route->ops->uses_keys || ep == KVR_EP_COUNT_TOKENS)
         return 0;
     int rc = kvr_route_keys_build(body, (kvr_route_kind)ep, get_header, r,
                                   &app->session_sources, &out->text, &out->session);
@@ -62,7 +64,7 @@ int kvr_request_keys_tokenize(kvr_app *app, kvr_route *route, kvr_endpoint ep, k
 {
     *op = NULL;
     size_t n = kvr_route_eligible(route, route->scratch);
-    if (!n || ep == KVR_EP_RESPONSES || !app->tokenizer)
+    if (!n || (ep != KVR_EP_CHAT && ep != KVR_EP_COMPLETIONS) || !app->tokenizer)
         return 0;
     /* Every worker of a route tokenizes alike (one model); the least loaded answers first. */
     kvr_worker *w = kvr_policy_least_loaded(route->scratch, n);

@@ -24,14 +24,14 @@ int kvr_request_keys_set_tokens(kvr_request_keys *rk, const uint32_t *ids, size_
 
 /** Builds the keys of `body` (a validated request for `ep`) with the headers of `r`. Keys are
  *  only built when `route`'s policy uses them (else both stay empty). Returns 0, or -1 when
- *  memory ran out. */
+ *  memory ran out. count_tokens requests have none (they must teach nothing). */
 int kvr_request_keys_build(kvr_app *app, const kvr_route *route, const json_t *body,
                            kvr_endpoint ep, kvr_http_req *r, kvr_request_keys *out);
 /** Asks for the prompt's token ids of request `r` (a validated `ep` request for `route`,
  *  whose keys `rk` are built), the way the precise policy needs them (proxy/tokenize.h): the
  *  route's least loaded eligible worker tokenizes, with its target's model name; the routing
  *  text keys the cache. Returns 0 when nothing can be asked (no eligible worker, a Responses
- *  API request, no tokenizer): `cb` is not called. Else 1, and `cb` runs exactly as
+ *  API or Messages request, no tokenizer): `cb` is not called. Else 1, and `cb` runs exactly as
  *  kvr_tokenize() says (maybe before this returns); `*op` gets the operation to cancel, or
  *  NULL when `cb` already ran. */
 int kvr_request_keys_tokenize(kvr_app *app, kvr_route *route, kvr_endpoint ep, kvr_http_req *r,

@@ -81,9 +81,18 @@ typedef struct preq {
 
 static const char *endpoint_path(kvr_endpoint ep)
 {
-    return ep == KVR_EP_CHAT ? "/v1/chat/completions"
-           : ep == KVR_EP_COMPLETIONS ? "/v1/completions"
-                                      : "/v1/responses";
+    switch (ep) {
+    case KVR_EP_CHAT:
+        return "/v1/chat/completions";
+    case KVR_EP_COMPLETIONS:
+        return "/v1/completions";
+    case KVR_EP_MESSAGES:
+        return "/v1/messages";
+    case KVR_EP_COUNT_TOKENS:
+        return "/v1/messages/count_tokens";
+    default:
+        return "/v1/responses";
+    }
 }
 
 static void set_request_id(preq *p)
@@ -393,6 +402,8 @@ static void on_headers(void *ud, int status, const kvr_http_header *h, size_t n)
     int ok = status / 100 == 2;
     kvr_usage_init(&p->usage, p->sse, ok ? p->app->cfg.max_usage_bytes : 0,
                    ok && p->ep == KVR_EP_RESPONSES);
+    if (p->ep == KVR_EP_MESSAGES)
+        kvr_usage_messages(&p->usage);
     /* Completion teaching: the keys wait for the reply, which joins them when it is complete. */
     p->teach_reply = ok && p->route->ops->teach && p->keys.k.text_len &&
                      p->app->cfg.teach_completion_max_bytes;
@@ -517,17 +528,18 @@ static void fail_before_headers(preq *p, kvr_upstream_err err, const char *msg)
 }
 
 /* Ends a response whose status is already sent, saying why where the format allows: an SSE
- * stream gets a final `data: {"error":...}` event and a proper end, so clients (the openai
- * SDKs raise on an `error` event) see the reason; any other body is cut without its
- * terminator, so the client sees a truncated response (docs/operations.md). Frees `p`. */
+ * stream gets a final `data: {"error":...}` event (Messages: Anthropic's `event: error`) and
+ * a proper end, so clients (the openai and anthropic SDKs raise on an error event) see the
+ * reason; any other body is cut without its terminator, so the client sees a truncated
+ * response (docs/operations.md). Frees `p`. */
 static void end_after_headers(preq *p, int status, const char *text, const char *code)
 {
     kvr_reply_count(p->app, p->req, p->model, p->status);
     if (p->sse) {
         kvr_buf b;
         kvr_buf_init(&b, 0);
-        kvr_buf_puts(&b, "data: ");
-        kvr_oai_error_json(&b, status, text, NULL, code);
+        kvr_buf_puts(&b, p->ep == KVR_EP_MESSAGES ? "event: error\ndata: " : "data: ");
+        kvr_error_json_for(&b, kvr_http_req_path(p->req), status, NULL, text, NULL, code);
         kvr_buf_puts(&b, "\n\n");
         kvr_http_resp_write(p->req, b.data, b.len);
         kvr_buf_free(&b);
@@ -622,7 +634,8 @@ static void on_done(void *ud, kvr_upstream_err err, const char *msg, int got_hea
             teach_reply(p);
         if (p->correct)
             correct_index(p, prompt_len);
-        if (p->rl.limited && p->usage.found)
+        /* count_tokens generates nothing and reports no usage: its estimate is refunded */
+        if (p->rl.limited && (p->usage.found || p->ep == KVR_EP_COUNT_TOKENS))
             kvr_ratelimit_settle(app->ratelimits, p->key,
                                  (int64_t)(p->usage.prompt + p->usage.completion) -
                                      (int64_t)p->rl_tokens,

@@ -10,13 +10,18 @@
 
 /* Chat and completions write usage.prompt_tokens(_details); the Responses API writes
  * usage.input_tokens(_details), inside `response` for its streamed response.completed event. */
+static void reply_bytes(kvr_usage *u, const char *p, size_t n)
+{
+    if (u->reply_over)
+        return;
+    if (u->reply.len + n > u->reply_cap || kvr_buf_append(&u->reply, p, n) < 0)
+        u->reply_over = 1;
+}
+
 static void reply_text(kvr_usage *u, const json_t *s)
 {
-    if (u->reply_over || !json_is_string(s))
-        return;
-    size_t n = json_string_length(s);
-    if (u->reply.len + n > u->reply_cap || kvr_buf_append(&u->reply, json_string_value(s), n) < 0)
-        u->reply_over = 1;
+    if (json_is_string(s))
+        reply_bytes(u, json_string_value(s), json_string_length(s));
 }
 
 /* A tool-call fragment: the first carries the name, the rest extend the arguments. */
@@ -92,9 +97,167 @@ static void take_reply(kvr_usage *u, const json_t *j)
         u->reply_done = 1;
 }
 
+/* ---- Anthropic Messages ---- */
+
+/* A content block starts: text and tool_use blocks are kept (their first bytes: the text, or
+ * a non-empty input sent whole); other kinds hold their index and nothing else. A tool input
+ * that is not an object would be taught as {}: such a reply teaches nothing. */
+static void msg_block(kvr_usage *u, const json_t *b)
+{
+    const char *t = json_string_value(json_object_get(b, "type"));
+    int text = t && !strcmp(t, "text"), tool = t && !strcmp(t, "tool_use");
+    if (!u->calls)
+        u->calls = json_array();
+    if (json_array_size(u->calls) >= 128) {
+        u->reply_over = 1;
+        return;
+    }
+    const json_t *name = json_object_get(b, "name");
+    json_t *e = json_pack("{s:s,s:I}", "type", text ? "text" : tool ? "tool_use" : "other", "at",
+                          (json_int_t)u->reply.len);
+    if (e && tool &&
+        json_object_set_new(e, "name", json_is_string(name) ? json_incref((json_t *)name)
+                                                             : json_string("")) < 0) {
+        json_decref(e);
+        e = NULL;
+    }
+    if (!e || json_array_append_new(u->calls, e) < 0) {
+        u->reply_over = 1;
+        return;
+    }
+    const json_t *input = json_object_get(b, "input");
+    if (text) {
+        reply_text(u, json_object_get(b, "text"));
+    } else if (tool && input && !json_is_object(input)) {
+        u->reply_over = 1;
+    } else if (tool && json_object_size(input)) {
+        char *s = json_dumps(input, JSON_COMPACT);
+        if (!s)
+            u->reply_over = 1;
+        else
+            reply_bytes(u, s, strlen(s));
+        free(s);
+    }
+}
+
+/* A delta extends the block that started last (Anthropic streams blocks one at a time). */
+static void msg_delta(kvr_usage *u, const json_t *j)
+{
+    size_t n = json_array_size(u->calls);
+    const json_t *idx = json_object_get(j, "index"), *d = json_object_get(j, "delta");
+    if (!n || !json_is_integer(idx) || json_integer_value(idx) != (json_int_t)(n - 1)) {
+        u->reply_over = 1;
+        return;
+    }
+    const char *bt = json_string_value(json_object_get(json_array_get(u->calls, n - 1), "type"));
+    const char *dt = json_string_value(json_object_get(d, "type"));
+    if (!dt || !strcmp(bt, "other"))
+        return;
+    if (!strcmp(dt, "text_delta") && !strcmp(bt, "text"))
+        reply_text(u, json_object_get(d, "text"));
+    else if (!strcmp(dt, "input_json_delta") && !strcmp(bt, "tool_use"))
+        reply_text(u, json_object_get(d, "partial_json"));
+}
+
+static void msg_reply(kvr_usage *u, const json_t *j, const char *type)
+{
+    size_t i;
+    const json_t *b;
+    if (!strcmp(type, "message")) { /* a JSON body */
+        json_array_foreach(json_object_get(j, "content"), i, b)
+            msg_block(u, b);
+        u->reply_done = 1;
+    } else if (!strcmp(type, "content_block_start")) {
+        const json_t *idx = json_object_get(j, "index");
+        size_t next = json_array_size(u->calls);
+        if (!json_is_integer(idx) || json_integer_value(idx) != (json_int_t)next)
+            u->reply_over = 1;
+        else
+            msg_block(u, json_object_get(j, "content_block"));
+    } else if (!strcmp(type, "content_block_delta")) {
+        msg_delta(u, j);
+    } else if (!strcmp(type, "message_stop") ||
+               (!strcmp(type, "message_delta") &&
+                json_is_string(json_object_get(json_object_get(j, "delta"), "stop_reason")))) {
+        u->reply_done = 1;
+    }
+}
+
+static void take_messages(kvr_usage *u, const json_t *j)
+{
+    const char *type = json_string_value(json_object_get(j, "type"));
+    if (!type)
+        return;
+    if (u->reply_cap && !u->reply_over)
+        msg_reply(u, j, type);
+    const json_t *msg = !strcmp(type, "message_start") ? json_object_get(j, "message") : j;
+    const json_t *usage = json_object_get(msg, "usage");
+    if (!json_is_object(usage))
+        return;
+    static const char *const keys[] = {"input_tokens", "cache_read_input_tokens",
+                                       "cache_creation_input_tokens", "output_tokens"};
+    long long *dst[] = {&u->msg_input, &u->msg_cache_read, &u->msg_cache_creation,
+                        &u->completion};
+    for (size_t k = 0; k < 4; k++) {
+        const json_t *v = json_object_get(usage, keys[k]);
+        if (json_is_integer(v))
+            *dst[k] = json_integer_value(v);
+    }
+    if (json_is_integer(json_object_get(usage, keys[1])))
+        u->has_cached = 1;
+    u->found = 1;
+    u->prompt = u->msg_input + u->msg_cache_read + u->msg_cache_creation;
+    u->cached = u->msg_cache_read;
+}
+
+/* The reply's text and tool_use blocks as the next request will send them back. */
+static json_t *msg_reply_message(const kvr_usage *u)
+{
+    json_t *content = json_array();
+    json_t *m = json_pack("{s:s,s:o}", "role", "assistant", "content", content);
+    if (!m)
+        return NULL; /* content went with the failed pack */
+    size_t n = json_array_size(u->calls), i;
+    const json_t *e;
+    json_array_foreach(u->calls, i, e) {
+        size_t at = (size_t)json_integer_value(json_object_get(e, "at"));
+        size_t end = i + 1 < n ? (size_t)json_integer_value(json_object_get(
+                                     json_array_get(u->calls, i + 1), "at"))
+                               : u->reply.len;
+        const char *type = json_string_value(json_object_get(e, "type")), *p = u->reply.data;
+        json_t *b = NULL;
+        if (!strcmp(type, "text")) {
+            json_t *t = json_stringn(p ? p + at : "", end - at); /* NULL: not UTF-8 */
+            b = t ? json_pack("{s:s,s:o}", "type", "text", "text", t) : NULL;
+        } else if (!strcmp(type, "tool_use")) {
+            json_t *in = end > at ? kvr_json_read(p + at, end - at, NULL) : json_object();
+            b = in ? json_pack("{s:s,s:O,s:o}", "type", "tool_use", "name",
+                               json_object_get(e, "name"), "input", in)
+                   : NULL;
+        } else {
+            continue;
+        }
+        if (!b || json_array_append_new(content, b) < 0) {
+            json_decref(m);
+            return NULL;
+        }
+    }
+    return m;
+}
+
+void kvr_usage_messages(kvr_usage *u)
+{
+    u->messages = 1;
+}
+
 static void take(kvr_usage *u, const char *json, size_t len)
 {
     json_t *j = kvr_json_read(json, len, NULL);
+    if (u->messages) {
+        take_messages(u, j);
+        json_decref(j);
+        return;
+    }
     if (j && u->reply_cap && !u->reply_over)
         take_reply(u, j);
     json_t *usage = j ? json_object_get(j, "usage") : NULL;
@@ -130,6 +293,8 @@ json_t *kvr_usage_reply(const kvr_usage *u, int completions)
 {
     if (!u->reply_cap || u->reply_over || !u->reply_done)
         return NULL;
+    if (u->messages)
+        return msg_reply_message(u);
     json_t *text = json_stringn(u->reply.data ? u->reply.data : "", u->reply.len);
     if (!text) /* not UTF-8 (cut mid-character): the next turn cannot send it either */
         return NULL;

@@ -3,8 +3,13 @@
  * kvroute_{prompt,cached,completion}_tokens_total (DESIGN §10): the JSON body's `usage`, or the
  * SSE chunk that carries one (the final chunk with stream_options.include_usage). Responses
  * API answers count input_tokens / input_tokens_details.cached_tokens / output_tokens, also
- * from the `response` object of a streamed response.completed event. SSE events
- * split across reads are reassembled before anything parses them. */
+ * from the `response` object of a streamed response.completed event. Anthropic Messages
+ * answers (kvr_usage_messages()) count from `usage` (JSON) or the message_start and
+ * message_delta events: input_tokens excludes cached tokens there, so prompt = input_tokens +
+ * cache_read_input_tokens + cache_creation_input_tokens, cached = cache_read_input_tokens,
+ * completion = output_tokens; each field an event carries replaces the value an earlier event
+ * gave (message_delta's counts are totals). SSE events split across reads are reassembled
+ * before anything parses them. */
 #ifndef KVR_PROXY_USAGE_H
 #define KVR_PROXY_USAGE_H
 #include <jansson.h>
@@ -27,8 +32,12 @@ typedef struct kvr_usage {
     size_t reply_cap;   /**< collect the reply up to this many bytes (0 = not at all) */
     int reply_over;     /**< the reply outgrew reply_cap (or memory ran out): not usable */
     kvr_buf reply;      /**< the reply's text so far */
-    json_t *calls;      /**< its tool calls so far: array of {function: {name, arguments}} */
+    json_t *calls;      /**< its tool calls so far: array of {function: {name, arguments}};
+                             Messages: its content blocks {type, name?, at}, each block's
+                             bytes in `reply` from its `at` to the next block's */
     int reply_done;     /**< a complete reply was read (JSON body, or final SSE event) */
+    int messages;       /**< an Anthropic Messages answer */
+    long long msg_input, msg_cache_read, msg_cache_creation; /**< Messages: latest values */
 } kvr_usage;
 
 /** Starts a scan; `cap` bytes bound the memory kept (0 disables scanning); `want_id` also
@@ -41,9 +50,13 @@ void kvr_usage_init(kvr_usage *u, int sse, size_t cap, int want_id);
  *  over `cap` bytes are dropped (reply_over). Call after kvr_usage_init(). */
 void kvr_usage_want_reply(kvr_usage *u, size_t cap);
 /** The reply as the next chat turn will send it: a new {"role": "assistant", "content",
- *  "tool_calls"?} object (caller decrefs); for completions a JSON string. NULL when none was
- *  collected (not asked, over the cap, no answer). */
+ *  "tool_calls"?} object (caller decrefs); for completions a JSON string; for Messages
+ *  {"role": "assistant", "content": [text and tool_use blocks]}. NULL when none was
+ *  collected (not asked, over the cap, no answer, a tool input that is not JSON). */
 json_t *kvr_usage_reply(const kvr_usage *u, int completions);
+/** Reads the answer as Anthropic Messages (usage as above; the reply's text and tool_use
+ *  blocks, in order). Call after kvr_usage_init(). */
+void kvr_usage_messages(kvr_usage *u);
 /** Feeds response body bytes. */
 void kvr_usage_feed(kvr_usage *u, const char *data, size_t len);
 /** Parses what is buffered (JSON bodies) at the end of the response. */

@@ -7,6 +7,8 @@
 #include <string.h>
 #include <xxhash.h>
 
+#include "routing/anthropic.h"
+
 #define RS '\x1e'
 #define US '\x1f'
 #define GS '\x1d'
@@ -561,6 +563,18 @@ static void build_responses(writer *w, const json_t *body)
     }
 }
 
+/* Messages: the chat text of the request's chat form (keys.h). */
+static void build_messages(writer *w, const json_t *body)
+{
+    json_t *chat = kvr_anthropic_to_chat(body);
+    if (!chat) {
+        w->oom = 1;
+        return;
+    }
+    build_chat(w, chat);
+    json_decref(chat);
+}
+
 int kvr_route_text_build(const json_t *body, kvr_route_kind kind, kvr_buf *out)
 {
     writer w = {.b = out};
@@ -575,6 +589,10 @@ int kvr_route_text_build(const json_t *body, kvr_route_kind kind, kvr_buf *out)
         break;
     case KVR_ROUTE_RESPONSES:
         build_responses(&w, body);
+        break;
+    case KVR_ROUTE_MESSAGES:
+    case KVR_EP_COUNT_TOKENS:
+        build_messages(&w, body);
         break;
     }
     return w.oom ? -1 : w.cut ? 1 : 0;
@@ -603,6 +621,15 @@ int kvr_route_text_append_reply(kvr_buf *text, kvr_route_kind kind, const json_t
         if (!json_is_string(reply) || (text->len && (text->data[0] == RS || text->data[0] == US)))
             return 0;
         put_str(&w, reply);
+    } else if (kind == KVR_ROUTE_MESSAGES && json_is_object(reply)) {
+        json_t *msgs = json_array();
+        if (!msgs || kvr_anthropic_message_to_chat(reply, msgs) < 0)
+            w.oom = 1;
+        size_t i;
+        const json_t *m;
+        json_array_foreach(msgs, i, m)
+            put_chat_message(&w, m);
+        json_decref(msgs);
     } else if (json_is_object(reply)) {
         put_chat_message(&w, reply);
     } else {

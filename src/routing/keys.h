@@ -43,6 +43,15 @@
  * arguments), function_call_output (call_id, output), any other item as a digest.
  * `previous_response_id` is not part of the text: such a request pins to the worker that
  * produced that response (kvr_route_previous_response_id()).
+ * Anthropic Messages (/v1/messages): the chat text of the request's chat form
+ * (routing/anthropic.h), as the engine converts it before applying the chat template: the
+ * tools sorted by name (name, description, input_schema as canonical JSON), the system prompt
+ * as a "system" record, then every message: text and thinking blocks as 'c', image and
+ * document as the digest of {type, source}, tool_use as a tool call (name, canonical input),
+ * tool_result as a "tool" record (tool_use_id as 'i', its text or blocks). cache_control
+ * markers are dropped before anything is written, so moving them changes nothing.
+ * /v1/messages/count_tokens has the same text, but kvroute routes it without keys (it is
+ * answered without touching the KV cache, so it must teach nothing).
  */
 #ifndef KVR_ROUTING_KEYS_H
 #define KVR_ROUTING_KEYS_H
@@ -51,18 +60,21 @@
 
 #include "util/buf.h"
 
-/** The OpenAI endpoints kvroute routes (defined here once; api dispatches on it, proxy
+/** The endpoints kvroute routes (defined here once; api dispatches on it, proxy
  *  forwards to its path, routing keys read its body). */
 typedef enum kvr_endpoint {
     KVR_EP_CHAT = 0,         /**< POST /v1/chat/completions */
     KVR_EP_COMPLETIONS = 1,  /**< POST /v1/completions */
     KVR_EP_RESPONSES = 2,    /**< POST /v1/responses */
+    KVR_EP_MESSAGES = 3,     /**< POST /v1/messages (Anthropic) */
+    KVR_EP_COUNT_TOKENS = 4, /**< POST /v1/messages/count_tokens (Anthropic), passed through */
 } kvr_endpoint;
 /** The routing-key functions' name for the same enum. */
 typedef kvr_endpoint kvr_route_kind;
 #define KVR_ROUTE_CHAT KVR_EP_CHAT
 #define KVR_ROUTE_COMPLETIONS KVR_EP_COMPLETIONS
 #define KVR_ROUTE_RESPONSES KVR_EP_RESPONSES
+#define KVR_ROUTE_MESSAGES KVR_EP_MESSAGES
 
 /** Session keys longer than this many bytes are replaced by the 32-hex-digit XXH3-128 digest
  *  of their bytes (DESIGN §10: never rejected). */
@@ -76,12 +88,13 @@ typedef kvr_endpoint kvr_route_kind;
  *  clients' own ids come after the generic session headers and before the user id: Claude
  *  Code's `x-claude-code-session-id`, `x-session-affinity` (used by gateways such as
  *  OpenRouter's), a bare `session_id` header; in the body, OpenAI's `prompt_cache_key` (its
- *  documented cache-routing hint) before `user`. */
+ *  documented cache-routing hint), then Anthropic's `metadata.user_id` (Claude Code puts its
+ *  session there), before `user`. */
 #define KVR_SESSION_SOURCES_DEFAULT                                                              \
     "header:x-session-id,header:x-conversation-id,header:x-claude-code-session-id,"              \
     "header:x-session-affinity,header:session_id,header:x-user-id,"                              \
     "body:session_params.session_id,body:session_id,body:conversation_id,"                       \
-    "body:prompt_cache_key,body:user,body:user_id"
+    "body:prompt_cache_key,body:metadata.user_id,body:user,body:user_id"
 
 /** One place a session key may come from. */
 typedef struct kvr_session_source {
@@ -149,9 +162,11 @@ size_t kvr_route_text_preamble(const char *text, size_t len);
 /** Completion teaching: appends a worker's reply to the routing text `text` of the request
  *  it answered, exactly as the next turn will frame it (so the next turn's text starts with
  *  the result). Chat and Responses: `reply` is the assistant message ({"role": "assistant",
- *  "content", "tool_calls"?}), appended as one more message record. Completions: `reply` is
- *  the completion string, appended as raw bytes, and only to a string prompt (a client
- *  continuing a text prompt sends prompt + completion + more). Respects text's cap (a cut
+ *  "content", "tool_calls"?}), appended as one more message record. Messages: `reply` is
+ *  the assistant message in Anthropic's form ({"role": "assistant", "content": [blocks]}),
+ *  appended as the next request will frame it. Completions: `reply` is the completion
+ *  string, appended as raw bytes, and only to a string prompt (a client continuing a text
+ *  prompt sends prompt + completion + more). Respects text's cap (a cut
  *  text stays a prefix). Returns 1 when appended, 0 when nothing applies, -1 out of memory. */
 int kvr_route_text_append_reply(kvr_buf *text, kvr_route_kind kind, const json_t *reply);
 

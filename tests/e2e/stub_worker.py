@@ -8,9 +8,10 @@ and whether and when the client (kvroute) went away, so tests can check forwardi
 backpressure and cancellation from the worker's side.
 
 Endpoints
-  POST /v1/chat/completions, /v1/completions, /v1/responses
+  POST /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages (Anthropic)
         JSON (Content-Length) or SSE (chunked, one event per chunk). SSE when the body says
         "stream": true, unless the mode says otherwise.
+  POST /v1/messages/count_tokens  {"input_tokens": <request body bytes / 4>}
   GET  /v1/models           {"object":"list","data":[{"id": <--model>, ...}]}
   GET  /health              --health-status (200), changeable at run time
   GET  /lmcache/status      an LMCache status endpoint for kvroute's lmcache_aware: the JSON
@@ -44,7 +45,9 @@ Per-request control headers (they travel through kvroute, which forwards client 
 
 An SSE response is the event list [content 1..N, finish, (usage if stream_options.include_usage),
 [DONE]] for chat and completions; for /v1/responses it is response.created, N
-response.output_text.delta, response.completed. stall_after/drop_after count events of that list.
+response.output_text.delta, response.completed; for /v1/messages message_start,
+content_block_start, N content_block_delta, content_block_stop, message_delta, message_stop.
+stall_after/drop_after count events of that list.
 
 Log entry fields (times are time.monotonic(), CLOCK_MONOTONIC, comparable with the tests' own
 time.monotonic()): seq, conn_id, conn_request_index, method, path, target, version, headers
@@ -532,7 +535,8 @@ class Conn:
                  "root": st.model, "parent": None, "max_model_len": 8192}]}).encode()
             return await self.respond_json(req, e, 200, body)
         kinds = {"/v1/chat/completions": "chat", "/v1/completions": "completions",
-                 "/v1/responses": "responses"}
+                 "/v1/responses": "responses", "/v1/messages": "messages",
+                 "/v1/messages/count_tokens": "count_tokens"}
         if path not in kinds:
             return await self.respond_error(req, e, 404, "stub: no such path " + path)
         if method != "POST":
@@ -555,6 +559,9 @@ class Conn:
         usage_req = bool(isinstance(obj.get("stream_options"), dict)
                          and obj["stream_options"].get("include_usage"))
         prompt_tokens = max(1, len(req["body"]) // 4)
+        if kind == "count_tokens":
+            body = json.dumps({"input_tokens": prompt_tokens}).encode()
+            return await self.respond_json(req, e, 200, body, directives)
         if sse:
             events = sse_events(kind, e["seq"], model, nevents, prompt_tokens, usage_req, st.name)
             return await self.respond_sse(req, e, events, interval, directives)
@@ -712,6 +719,9 @@ def sse_chunk(kind, seq, model, text, name):
         obj = {"id": "cmpl-stub-%d" % seq, "object": "text_completion", "created": 1700000000,
                "model": model, "choices": [{"index": 0, "text": text, "logprobs": None,
                                             "finish_reason": None}]}
+    elif kind == "messages":
+        return msg_event("content_block_delta", index=0,
+                         delta={"type": "text_delta", "text": text})
     else:
         return ("event: response.output_text.delta\ndata: "
                 + json.dumps({"type": "response.output_text.delta", "item_id": "msg_stub",
@@ -726,8 +736,35 @@ def usage(prompt_tokens, n):
             "prompt_tokens_details": {"cached_tokens": 0}}
 
 
+def msg_event(kind, **fields):
+    return ("event: %s\ndata: %s\n\n" % (kind, json.dumps(dict(type=kind, **fields)))).encode()
+
+
+def msg_object(seq, model, content, stop_reason, usage):
+    return {"id": "msg_stub_%d" % seq, "type": "message", "role": "assistant", "model": model,
+            "content": content, "stop_reason": stop_reason, "stop_sequence": None, "usage": usage}
+
+
+def msg_usage(prompt_tokens, n):
+    return {"input_tokens": prompt_tokens, "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0, "output_tokens": n}
+
+
 def sse_events(kind, seq, model, n, prompt_tokens, include_usage, name):
     evs = []
+    if kind == "messages":
+        evs.append(msg_event("message_start", message=msg_object(
+            seq, model, [], None, msg_usage(prompt_tokens, 1))))
+        evs.append(msg_event("content_block_start", index=0,
+                             content_block={"type": "text", "text": ""}))
+        for i in range(n):
+            evs.append(sse_chunk(kind, seq, model, "tok%d " % i, name))
+        evs.append(msg_event("content_block_stop", index=0))
+        evs.append(msg_event("message_delta", delta={"stop_reason": "end_turn",
+                                                     "stop_sequence": None},
+                             usage={"output_tokens": n}))
+        evs.append(msg_event("message_stop"))
+        return evs
     if kind == "responses":
         rid = "resp_stub_%d" % seq
         base = {"id": rid, "object": "response", "created_at": 1700000000, "model": model,
@@ -776,6 +813,9 @@ def json_body(kind, seq, model, n, prompt_tokens, name):
                "model": model, "choices": [{"index": 0, "text": text, "logprobs": None,
                                             "finish_reason": "stop"}],
                "usage": usage(prompt_tokens, n)}
+    elif kind == "messages":
+        obj = msg_object(seq, model, [{"type": "text", "text": text}], "end_turn",
+                         msg_usage(prompt_tokens, n))
     else:
         obj = {"id": "resp_stub_%d" % seq, "object": "response", "created_at": 1700000000,
                "model": model, "status": "completed",

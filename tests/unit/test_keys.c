@@ -559,6 +559,15 @@ static void test_session_sources_order(void **state)
     assert_string_equal(k, "c");
     session_of("{\"user_id\":\"uid\"}", NULL, NULL, k, sizeof(k));
     assert_string_equal(k, "uid");
+    /* Anthropic's metadata.user_id: after prompt_cache_key, before user. */
+    session_of("{\"metadata\":{\"user_id\":\"mu\"},\"user\":\"u\"}", NULL, NULL, k, sizeof(k));
+    assert_string_equal(k, "mu");
+    session_of("{\"metadata\":{\"user_id\":\"mu\"},\"prompt_cache_key\":\"pk\"}", NULL, NULL,
+               k, sizeof(k));
+    assert_string_equal(k, "pk");
+    const char *h6[] = {"x-claude-code-session-id", "cc", NULL};
+    session_of("{\"metadata\":{\"user_id\":\"mu\"}}", h6, NULL, k, sizeof(k));
+    assert_string_equal(k, "cc");
     /* Per-request ids are never session keys. */
     const char *h3[] = {"x-request-id", "r1", "x-trace-id", "t1", "x-correlation-id", "c1", NULL};
     assert_int_equal(session_of("{\"model\":\"m\"}", h3, NULL, k, sizeof(k)), 0);
@@ -637,7 +646,7 @@ static void test_session_sources_config(void **state)
     assert_int_equal(kvr_session_sources_parse(&s, "cookie:x", err, sizeof(err)), -1);
     assert_int_equal(kvr_session_sources_parse(&s, "body:a..b", err, sizeof(err)), -1);
     kvr_session_sources_default(&s);
-    assert_int_equal(s.n, 12);
+    assert_int_equal(s.n, 13);
 }
 
 /* ---- completion teaching -------------------------------------------------------------- */

@@ -1,5 +1,6 @@
 /* Usage reader of worker responses (src/proxy/usage.c): token usage and the Responses API id
- * from JSON bodies and SSE streams, whatever the read boundaries, within the memory cap. */
+ * from JSON bodies and SSE streams (OpenAI's and Anthropic's), whatever the read boundaries,
+ * within the memory cap. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -225,6 +226,186 @@ static void test_reply_json_forms_and_cap(void **state)
     kvr_usage_free(&u);
 }
 
+/* ---- Anthropic Messages ---------------------------------------------------------------- */
+
+/* Anthropic's event sequence: message_start carries input and cache counts (output_tokens 1),
+ * message_delta the final output_tokens (a total, which replaces message_start's). A text
+ * block, then a tool_use block whose input arrives in input_json_delta fragments. */
+static const char msg_sse[] =
+    "event: message_start\n"
+    "data: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\","
+    "\"role\":\"assistant\",\"content\":[],\"usage\":{\"input_tokens\":20,"
+    "\"cache_creation_input_tokens\":5,\"cache_read_input_tokens\":100,\"output_tokens\":1}}}\n\n"
+    "event: content_block_start\n"
+    "data: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\","
+    "\"text\":\"\"}}\n\n"
+    "event: ping\ndata: {\"type\": \"ping\"}\n\n"
+    "event: content_block_delta\n"
+    "data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\","
+    "\"text\":\"Let me \"}}\n\n"
+    "event: content_block_delta\n"
+    "data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\","
+    "\"text\":\"check \\u00e9\"}}\n\n"
+    "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n"
+    "event: content_block_start\n"
+    "data: {\"type\":\"content_block_start\",\"index\":1,\"content_block\":{\"type\":"
+    "\"tool_use\",\"id\":\"toolu_1\",\"name\":\"get_weather\",\"input\":{}}}\n\n"
+    "event: content_block_delta\n"
+    "data: {\"type\":\"content_block_delta\",\"index\":1,\"delta\":{\"type\":"
+    "\"input_json_delta\",\"partial_json\":\"{\\\"city\\\": \"}}\n\n"
+    "event: content_block_delta\n"
+    "data: {\"type\":\"content_block_delta\",\"index\":1,\"delta\":{\"type\":"
+    "\"input_json_delta\",\"partial_json\":\"\\\"Paris\\\"}\"}}\n\n"
+    "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":1}\n\n"
+    "event: message_delta\n"
+    "data: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"tool_use\","
+    "\"stop_sequence\":null},\"usage\":{\"output_tokens\":42}}\n\n"
+    "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+
+static void check_msg_reply(json_t *m)
+{
+    assert_non_null(m);
+    assert_string_equal(json_string_value(json_object_get(m, "role")), "assistant");
+    json_t *c = json_object_get(m, "content");
+    assert_int_equal(json_array_size(c), 2);
+    json_t *t = json_array_get(c, 0), *tu = json_array_get(c, 1);
+    assert_string_equal(json_string_value(json_object_get(t, "type")), "text");
+    assert_string_equal(json_string_value(json_object_get(t, "text")), "Let me check \xc3\xa9");
+    assert_string_equal(json_string_value(json_object_get(tu, "type")), "tool_use");
+    assert_string_equal(json_string_value(json_object_get(tu, "name")), "get_weather");
+    json_t *want = json_pack("{s:s}", "city", "Paris");
+    assert_true(json_equal(json_object_get(tu, "input"), want));
+    json_decref(want);
+}
+
+static void test_messages_sse_usage_and_reply_any_split(void **state)
+{
+    (void)state;
+    size_t n = strlen(msg_sse);
+    for (size_t step = 0; step <= n; step += 5) {
+        kvr_usage u;
+        kvr_usage_init(&u, 1, 1u << 20, 0);
+        kvr_usage_messages(&u);
+        kvr_usage_want_reply(&u, 1000);
+        for (size_t off = 0; off < n;) {
+            size_t k = step && n - off > step ? step : n - off;
+            kvr_usage_feed(&u, msg_sse + off, k);
+            off += k;
+        }
+        kvr_usage_finish(&u);
+        assert_int_equal(u.found, 1);
+        assert_int_equal(u.prompt, 125); /* input + cache read + cache creation */
+        assert_int_equal(u.cached, 100);
+        assert_int_equal(u.has_cached, 1);
+        assert_int_equal(u.completion, 42); /* replaced, never 1 + 42 */
+        json_t *m = kvr_usage_reply(&u, 0);
+        check_msg_reply(m);
+        json_decref(m);
+        kvr_usage_free(&u);
+    }
+    /* without the reply asked, the usage lines alone are parsed, with the same counts */
+    kvr_usage u;
+    kvr_usage_init(&u, 1, 1u << 20, 0);
+    kvr_usage_messages(&u);
+    kvr_usage_feed(&u, msg_sse, n);
+    kvr_usage_finish(&u);
+    assert_int_equal(u.prompt, 125);
+    assert_int_equal(u.completion, 42);
+    assert_null(kvr_usage_reply(&u, 0));
+    kvr_usage_free(&u);
+}
+
+/* A later event's value replaces an earlier one field by field; a field an event leaves out
+ * keeps its value. */
+static void test_messages_later_event_replaces(void **state)
+{
+    (void)state;
+    static const char sse[] =
+        "data: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":7,"
+        "\"cache_read_input_tokens\":3,\"output_tokens\":1}}}\n\n"
+        "data: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":9}}\n\n"
+        "data: {\"type\":\"message_delta\",\"usage\":{\"input_tokens\":8,"
+        "\"cache_read_input_tokens\":4,\"output_tokens\":10}}\n\n";
+    kvr_usage u;
+    kvr_usage_init(&u, 1, 1u << 20, 0);
+    kvr_usage_messages(&u);
+    kvr_usage_feed(&u, sse, strlen(sse));
+    kvr_usage_finish(&u);
+    assert_int_equal(u.prompt, 12);
+    assert_int_equal(u.cached, 4);
+    assert_int_equal(u.completion, 10);
+    kvr_usage_free(&u);
+    /* no cache_read_input_tokens: cached 0 and not reported */
+    static const char body[] = "{\"type\":\"message\",\"content\":[],\"usage\":"
+                               "{\"input_tokens\":5,\"output_tokens\":2}}";
+    kvr_usage_init(&u, 0, 1u << 20, 0);
+    kvr_usage_messages(&u);
+    kvr_usage_feed(&u, body, strlen(body));
+    kvr_usage_finish(&u);
+    assert_int_equal(u.found, 1);
+    assert_int_equal(u.prompt, 5);
+    assert_int_equal(u.has_cached, 0);
+    kvr_usage_free(&u);
+}
+
+static void test_messages_json_reply_and_bad_streams(void **state)
+{
+    (void)state;
+    static const char body[] =
+        "{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"content\":["
+        "{\"type\":\"thinking\",\"thinking\":\"hmm\",\"signature\":\"s\"},"
+        "{\"type\":\"text\",\"text\":\"Let me check \\u00e9\"},{\"type\":\"tool_use\","
+        "\"id\":\"toolu_1\",\"name\":\"get_weather\",\"input\":{\"city\":\"Paris\"}}],"
+        "\"stop_reason\":\"tool_use\",\"usage\":{\"input_tokens\":20,"
+        "\"cache_creation_input_tokens\":5,\"cache_read_input_tokens\":100,\"output_tokens\":42}}";
+    kvr_usage u;
+    kvr_usage_init(&u, 0, 1u << 20, 0);
+    kvr_usage_messages(&u);
+    kvr_usage_want_reply(&u, 1000);
+    kvr_usage_feed(&u, body, strlen(body));
+    kvr_usage_finish(&u);
+    assert_int_equal(u.prompt, 125);
+    assert_int_equal(u.cached, 100);
+    json_t *m = kvr_usage_reply(&u, 0);
+    check_msg_reply(m); /* the thinking block is not taught */
+    json_decref(m);
+    kvr_usage_free(&u);
+    /* a delta for a block that is not the last one started, a tool input that is not JSON, a
+     * stream without its end: no reply */
+    const char *bad[] = {
+        "data: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":"
+        "\"text\",\"text\":\"\"}}\n\ndata: {\"type\":\"content_block_delta\",\"index\":3,"
+        "\"delta\":{\"type\":\"text_delta\",\"text\":\"x\"}}\n\n"
+        "data: {\"type\":\"message_stop\"}\n\n",
+        "data: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":"
+        "\"tool_use\",\"name\":\"f\",\"input\":{}}}\n\ndata: {\"type\":\"content_block_delta\","
+        "\"index\":0,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"{\\\"a\"}}\n\n"
+        "data: {\"type\":\"message_stop\"}\n\n",
+        "data: {\"type\":\"content_block_start\",\"index\":1,\"content_block\":{\"type\":"
+        "\"text\",\"text\":\"\"}}\n\ndata: {\"type\":\"message_stop\"}\n\n",
+        "data: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":"
+        "\"text\",\"text\":\"partial\"}}\n\n",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
+        kvr_usage_init(&u, 1, 1u << 20, 0);
+        kvr_usage_messages(&u);
+        kvr_usage_want_reply(&u, 1000);
+        kvr_usage_feed(&u, bad[i], strlen(bad[i]));
+        kvr_usage_finish(&u);
+        assert_null(kvr_usage_reply(&u, 0));
+        kvr_usage_free(&u);
+    }
+    /* over the cap: nothing rather than a cut reply */
+    kvr_usage_init(&u, 1, 1u << 20, 0);
+    kvr_usage_messages(&u);
+    kvr_usage_want_reply(&u, 8);
+    kvr_usage_feed(&u, msg_sse, strlen(msg_sse));
+    kvr_usage_finish(&u);
+    assert_null(kvr_usage_reply(&u, 0));
+    assert_int_equal(u.completion, 42);
+    kvr_usage_free(&u);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -234,6 +415,9 @@ int main(void)
         cmocka_unit_test(test_fuzz_overlong_line_tail),
         cmocka_unit_test(test_reply_chat_sse_any_split),
         cmocka_unit_test(test_reply_json_forms_and_cap),
+        cmocka_unit_test(test_messages_sse_usage_and_reply_any_split),
+        cmocka_unit_test(test_messages_later_event_replaces),
+        cmocka_unit_test(test_messages_json_reply_and_bad_streams),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
