@@ -12,6 +12,7 @@
 #include "events/kvevents.h"
 #include "proxy/keys.h"
 #include "proxy/tokenize.h"
+#include "routing/scorers.h"
 #include "util/json_read.h"
 #include "util/log.h"
 #include "util/oai_error.h"
@@ -312,6 +313,23 @@ static void dbg_gone(void *ud)
     dbg_free(ud);
 }
 
+/* pipeline: every scorer's value and their weighted sum; cost: the terms of its prediction. */
+static void explain_scores(json_t *row, const kvr_explain_row *ex)
+{
+    if (ex->scored == 1) {
+        json_t *sc = json_object();
+        for (int s = 0; s < KVR_NSCORERS; s++)
+            json_object_set_new(sc, kvr_scorer_name(s), json_real(ex->scorers[s]));
+        json_object_set_new(row, "scorers", sc);
+        json_object_set_new(row, "score", json_real(ex->score));
+    } else if (ex->scored == 2) {
+        json_object_set_new(row, "prefill_pending_tokens", json_real(ex->prefill_pending));
+        json_object_set_new(row, "uncached_tokens", json_real(ex->prefill_uncached));
+        json_object_set_new(row, "seconds_per_token", json_real(ex->seconds_per_token));
+        json_object_set_new(row, "cost_s", json_real(ex->score));
+    }
+}
+
 static void dbg_answer(dbg *d)
 {
     kvr_http_req *r = d->r;
@@ -337,6 +355,7 @@ static void dbg_answer(dbg *d)
             json_object_set_new(row, "kv_events", json_string(ex[i].trust));
             json_object_set_new(row, "kv_blocks", json_integer((json_int_t)ex[i].kv_blocks));
         }
+        explain_scores(row, &ex[i]);
         json_array_append_new(rows, row);
     }
     json_t *out = json_pack("{s:s,s:s,s:s?,s:s?,s:f,s:s?,s:I,s:I,s:I,s:o}", "route", rt->name,

@@ -26,7 +26,9 @@ int kvr_admin_load_token(kvr_app *app, char *err, size_t cap);
  *  the route from the body's `model`, 404 when none) → the decision kvroute would make now,
  *  without forwarding or teaching: {route, policy, decision, worker, match,
  *  session_key_bytes, routing_text_bytes, workers:[{url, name, match, matched_bytes,
- *  inflight, overloaded, session_owner, weight}]}. */
+ *  inflight, overloaded, session_owner, weight}]}; pipeline rows add `scorers` {name: value}
+ *  (every scorer) and `score` (their weighted sum), cost rows `prefill_pending_tokens`,
+ *  `uncached_tokens`, `seconds_per_token` and `cost_s`. */
 void kvr_admin_handle(kvr_http_req *r, void *ud);
 
 #endif

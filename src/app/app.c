@@ -23,7 +23,7 @@ static void refresh_kv_blocks(kvr_app *app, const kvr_route *rt)
         if (!kvr_kv_events_configured(app->kv, w->id)) {
             /* A precise route's worker without events is routed approximately: say so. */
             const char *lw[] = {w->url};
-            if (rt->ops->uses_tokens)
+            if (rt->ops->uses_tokens == 1)
                 kvr_metric_set(kvr_metrics_find(app->metrics, "kvroute_kv_events_state"), lw,
                                KVR_KV_FALLBACK);
             continue;

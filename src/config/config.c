@@ -8,10 +8,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "routing/scorers.h"
 #include "upstream/egress.h"
 #include "util/flags.h"
 
 static int set_worker(void *target, const kvr_flag *f, const char *v, char *err, size_t cap);
+static int set_scorer(void *target, const kvr_flag *f, const char *v, char *err, size_t cap);
+static int set_route_scorers(void *target, const kvr_flag *f, const char *v, char *err,
+                             size_t cap);
+static void show_scorers(FILE *out, const void *target, const kvr_flag *f);
 static void show_worker(FILE *out, const void *target, const kvr_flag *f);
 static int set_kv_events(void *target, const kvr_flag *f, const char *v, char *err, size_t cap);
 
@@ -45,7 +50,14 @@ static int set_kv_events(void *target, const kvr_flag *f, const char *v, char *e
      .off = offsetof(kvr_config, route) + offsetof(kvr_route_cfg, field), .min = lo,          \
      .max = hi, .help = h},
 
-static const kvr_flag route_flags[] = {ROUTE_FLAGS(ROUTE_ROW)};
+/* A route's `scorers` (file only: a mapping there, see file.c) replaces the defaults entirely;
+ * the command line's spelling is the repeatable --scorer. */
+static const kvr_flag route_flags[] = {
+    ROUTE_FLAGS(ROUTE_ROW)
+    {.name = "scorers", .type = KVR_FLAG_CUSTOM, .off = offsetof(kvr_route_cfg, p.scorers),
+     .help = "pipeline scorer weights, NAME=WEIGHT,... (unlisted scorers weigh 0)",
+     .set = set_route_scorers, .show = show_scorers},
+};
 
 #define OFF(f) offsetof(kvr_config, f)
 #define FL(n, t, field, lo, hi, h) \
@@ -62,6 +74,11 @@ static const kvr_flag flags[] = {
     FL("discovery-interval", U64, discovery_interval_s, 1, 86400,
        "seconds between reads of every worker's /v1/models when routes are discovered"),
     ROUTE_FLAGS(GLOBAL_ROUTE_ROW)
+    {.name = "scorer", .type = KVR_FLAG_CUSTOM, .off = OFF(route.p.scorers),
+     .help = "NAME=WEIGHT: a pipeline scorer's weight (repeatable; the first replaces the "
+             "defaults, an unnamed scorer weighs 0): prefix, session, load, queue, kv_usage, "
+             "weight, lmcache",
+     .set = set_scorer, .show = show_scorers},
     FL("host", STR, host, 0, 0, "address to listen on"),
     FL("port", INT, port, 1, 65535, "port to listen on"),
     FL("admin-host", STR, admin_host, 0, 0, "admin listener address"),
@@ -265,6 +282,43 @@ static void show_worker(FILE *out, const void *target, const kvr_flag *f)
 {
     (void)target;
     fputs(strcmp(f->name, "worker") == 0 ? "required without a config file" : "none", out);
+}
+
+/* --scorer is repeatable: the first replaces the defaults (and the file's) entirely, so that
+ * the command line says all there is, as a route's `scorers` map does. */
+static int set_scorer(void *target, const kvr_flag *f, const char *v, char *err, size_t cap)
+{
+    (void)f;
+    kvr_config *c = target;
+    char e[300];
+    if (kvr_scorers_parse(v, c->route.p.scorers, !c->scorer_args, e, sizeof(e)) < 0) {
+        snprintf(err, cap, "--scorer: %s", e);
+        return -1;
+    }
+    c->scorer_args++;
+    return 0;
+}
+
+static int set_route_scorers(void *target, const kvr_flag *f, const char *v, char *err,
+                             size_t cap)
+{
+    char e[300];
+    if (kvr_scorers_parse(v, (double *)((char *)target + f->off), 1, e, sizeof(e)) < 0) {
+        snprintf(err, cap, "--%s: %s", f->name, e);
+        return -1;
+    }
+    return 0;
+}
+
+static void show_scorers(FILE *out, const void *target, const kvr_flag *f)
+{
+    (void)target;
+    (void)f;
+    double w[KVR_NSCORERS];
+    char buf[256];
+    kvr_scorers_default(w);
+    kvr_scorers_format(w, buf, sizeof(buf));
+    fputs(buf, out);
 }
 
 /* --kv-events is repeatable; each is matched to its worker once every flag is read. */

@@ -23,7 +23,9 @@
 /** What a route is configured with besides its name and targets: its policy and the policy's
  *  tunables. Per-route keys of the file (and the `defaults` section) use the flag names with
  *  underscores: policy, cache_threshold, balance_abs_threshold, balance_rel_threshold,
- *  session_ttl, max_sessions, block_bytes, max_index_blocks, worker_index_blocks. */
+ *  session_ttl, max_sessions, block_bytes, max_index_blocks, worker_index_blocks,
+ *  hash_load_factor, and `scorers` (a mapping NAME: WEIGHT that replaces the default pipeline
+ *  scorer weights entirely; --scorer NAME=WEIGHT on the command line). */
 typedef struct kvr_route_cfg {
     const char *policy;   /**< policy name (kvr_policy_find), "cache_aware" by default */
     kvr_policy_cfg p;     /**< its tunables */
@@ -167,6 +169,8 @@ typedef struct kvr_config {
     const char **kv_events_args;   /**< each --kv-events WORKER_URL=ENDPOINT[,REPLAY] as given,
                                         applied over the workers' own kv_events at load */
     size_t nkv_events_args;
+    size_t scorer_args;            /**< --scorer flags read so far (the first replaces the
+                                        default scorer weights, later ones add to it) */
     void *arena;                   /**< owned allocations (strings, arrays); kvr_config_free */
 } kvr_config;
 

@@ -16,6 +16,7 @@
 #include <yaml.h>
 
 #include "routing/policy.h"
+#include "routing/scorers.h"
 
 /* A config file is small; the cap keeps `--config /dev/zero` from eating the memory. */
 #define MAX_FILE_BYTES ((size_t)64 << 20)
@@ -45,7 +46,7 @@ static const char *const EGRESS_KEYS[] = {"allow", "deny"};
 static const char *const ROUTE_KEYS[] = {"name", "model", "aliases", "targets"};
 /* Global flags that make no sense in the file (or have a section instead): never suggested. */
 static const char *const ARGV_ONLY[] = {"config", "check", "worker", "api-key-file",
-                                        "kv-events"};
+                                        "kv-events", "scorer"};
 
 /* Bounds of a rate: far above any real rate, low enough that a limiter may scale it (to
  * tokens per millisecond in fixed point, say) without overflowing 64 bits. */
@@ -291,6 +292,69 @@ static int pair(loader *l, const yaml_node_t *m, const yaml_node_pair_t *p, yaml
 #define LINE(n) ((int)(n)->start_mark.line + 1)
 #define COL(n) ((int)(n)->start_mark.column + 1)
 
+/* The pipeline's `scorers`: a mapping {NAME: WEIGHT} (or the route row's own
+ * "NAME=WEIGHT,..." scalar), handed to the route table's `scorers` row as that string so that
+ * it is checked exactly as --scorer is. Returns the string (in the arena), NULL once reported. */
+static const char *apply_scorers(loader *l, const kvr_flag *f, void *target, const yaml_node_t *k,
+                                 const yaml_node_t *v)
+{
+    if (v->type == YAML_SCALAR_NODE && !is_null(v))
+        return apply(l, f, target, k, v);
+    if (!want(l, k, v, YAML_MAPPING_NODE))
+        return NULL;
+    char buf[512], err[512];
+    size_t at = 0;
+    int ok = 1;
+    buf[0] = '\0';
+    yaml_node_t *kk, *vv;
+    EACH_PAIR(v, p) {
+        if (!pair(l, v, p, &kk, &vv)) {
+            ok = 0;
+            continue;
+        }
+        const char *w = scalar(l, kk, vv, 1);
+        char one[256];
+        double scratch[KVR_NSCORERS];
+        if (w && kvr_scorer_find(text(kk), kk->data.scalar.length) < 0) {
+            fail(l, kk, "%s: unknown scorer '%s' (one of prefix, session, load, queue, kv_usage, "
+                 "weight, lmcache)", text(k), text(kk));
+            w = NULL;
+        } else if (w) {
+            /* Each weight checked alone, so that every bad one is reported at its position. */
+            snprintf(one, sizeof(one), "%s=%s", text(kk), w);
+            if (strpbrk(w, ",=") || kvr_scorers_parse(one, scratch, 1, err, sizeof(err)) < 0) {
+                fail(l, vv, "%s: %s: bad weight '%s' (expected a number 0..1e6)", text(k),
+                     text(kk), w);
+                w = NULL;
+            }
+        }
+        int n = w ? snprintf(buf + at, sizeof(buf) - at, "%s%s", at ? "," : "", one) : 0;
+        if (n < 0 || (size_t)n >= sizeof(buf) - at) {
+            fail(l, vv, "%s: too long", text(k));
+            return NULL;
+        }
+        at += (size_t)n;
+        ok &= w != NULL;
+    }
+    if (!ok)
+        return NULL;
+    const char *s = keep(l, buf);
+    if (kvr_flags_set(f, target, s, err, sizeof(err)) == 0)
+        return s;
+    size_t nl = strlen(f->name);
+    fail(l, v, "%s%s", text(k), !strncmp(err, "--", 2) ? err + 2 + nl : err);
+    return NULL;
+}
+
+/* A per-route key's value into `target` (a kvr_route_cfg): `scorers` is a mapping, every other
+ * one a scalar. */
+static const char *apply_route_key(loader *l, const kvr_flag *f, void *target,
+                                   const yaml_node_t *k, const yaml_node_t *v)
+{
+    return !strcmp(f->name, "scorers") ? apply_scorers(l, f, target, k, v)
+                                       : apply(l, f, target, k, v);
+}
+
 /* A mapping of flags into `target`: `listen`, `admin`, `auth` (fixed `keys`, each naming one of
  * `flags` of the global table), or `defaults` (keys NULL: the route table's names). */
 static void settings(loader *l, const yaml_node_t *k, const yaml_node_t *m, void *target,
@@ -308,7 +372,9 @@ static void settings(loader *l, const yaml_node_t *k, const yaml_node_t *m, void
         const kvr_flag *f = !keys ? flag_for(kk, l->route_flags, l->nroute_flags)
                             : i < n ? kvr_flags_find(l->flags, l->nflags, flags[i])
                                     : NULL;
-        if (f)
+        if (f && !keys)
+            apply_route_key(l, f, target, kk, v);
+        else if (f)
             apply(l, f, target, kk, v);
         else if (keys)
             unknown(l, kk, keys, n, NULL, 0);
@@ -571,7 +637,7 @@ static int route(loader *l, const yaml_node_t *k, const yaml_node_t *m, kvr_rout
             }
             /* Checked now, at the value's position; applied over the defaults later. */
             kvr_route_cfg scratch = l->c->route;
-            const char *s = apply(l, f, &scratch, kk, v);
+            const char *s = apply_route_key(l, f, &scratch, kk, v);
             if (s)
                 r->settings[r->nsettings++] = (kvr_setting){
                     .key = keep(l, text(kk)), .value = s, .line = LINE(v), .col = COL(v)};
@@ -667,7 +733,11 @@ static void rate_limits(loader *l, const yaml_node_t *k, const yaml_node_t *m)
 static void global(loader *l, const yaml_node_t *k, const yaml_node_t *v)
 {
     const kvr_flag *f = flag_for(k, l->flags, l->nflags);
-    if (!f)
+    const kvr_flag *rf = flag_for(k, l->route_flags, l->nroute_flags);
+    if (!f && rf && !strcmp(rf->name, "scorers"))
+        /* The route defaults' `scorers`, as every other per-route key is a top-level one. */
+        apply_scorers(l, rf, &l->c->route, k, v);
+    else if (!f)
         unknown(l, k, TOP_KEYS, COUNT(TOP_KEYS), l->flags, l->nflags);
     else if (!strcmp(f->name, "worker"))
         fail(l, k, "worker: only on the command line (use `workers:` in a file)");

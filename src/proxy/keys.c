@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "events/kvevents.h"
 #include "routing/keys.h"
 
 static const char *get_header(void *ctx, const char *name, size_t *len)
@@ -65,6 +66,12 @@ int kvr_request_keys_tokenize(kvr_app *app, kvr_route *route, kvr_endpoint ep, k
     *op = NULL;
     size_t n = kvr_route_eligible(route, route->scratch);
     if (!n || (ep != KVR_EP_CHAT && ep != KVR_EP_COMPLETIONS) || !app->tokenizer)
+        return 0;
+    /* Policies that read the ids only for workers with KV events skip the call without any. */
+    int any = route->ops->uses_tokens != 2;
+    for (size_t i = 0; i < n && !any; i++)
+        any = kvr_kv_events_configured(app->kv, route->scratch[i]->id);
+    if (!any)
         return 0;
     /* Every worker of a route tokenizes alike (one model); the least loaded answers first. */
     kvr_worker *w = kvr_policy_least_loaded(route->scratch, n);

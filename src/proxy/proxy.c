@@ -74,6 +74,10 @@ typedef struct preq {
     uint64_t rl_tokens;   /* tokens counted against the key's limit before the answer */
     kvr_ratelimit_info rl;
     char rl_val[6][24];   /* x-ratelimit-* values */
+    double pf_tokens;     /* cost: the current attempt's predicted prefill tokens ... */
+    double pf_ahead;      /* ... and what was outstanding at its worker before it */
+    uint64_t pf_start_ns; /* ... when it was sent */
+    int pf_open;          /* its prefill is accounted, first byte not seen yet */
     kvr_tokenize_op *tok; /* fetching the prompt's token ids (precise) */
     int tok_sync;         /* inside kvr_tokenize(): its callback must not route yet */
     uint64_t tok_start_ns;
@@ -130,8 +134,11 @@ static void preq_link(preq *p)
     g_live = p;
 }
 
+static void prefill_close(preq *p, int first_byte);
+
 static void preq_free(preq *p)
 {
+    prefill_close(p, 0); /* attempts close it as they end; this only guards against a leak */
     if (p->prev)
         p->prev->next = p->next;
     else if (g_live == p)
@@ -184,8 +191,33 @@ static void attempt_count(kvr_app *app, kvr_worker *w, int code)
     slot_give(app, w);
 }
 
+/* cost: the attempt's prefill is outstanding at its worker from its start until its first
+ * byte; a 2xx stream's first byte also times that prefill (a whole body arrives after
+ * decoding, an error says nothing about it). */
+static void prefill_open(preq *p)
+{
+    if (!p->route->ops->prefill_start)
+        return;
+    p->pf_open = 1;
+    p->pf_tokens = p->pick.prefill_tokens;
+    p->pf_start_ns = kvr_now_ns();
+    p->pf_ahead = kvr_route_prefill_start(p->route, p->w, p->pf_tokens);
+}
+
+static void prefill_close(preq *p, int first_byte)
+{
+    if (!p->pf_open)
+        return;
+    p->pf_open = 0;
+    double ms = first_byte && p->sse && p->status / 100 == 2
+                    ? (double)(kvr_now_ns() - p->pf_start_ns) / 1e6
+                    : -1;
+    kvr_route_prefill_end(p->route, p->w, p->pf_tokens, p->pf_ahead, ms);
+}
+
 static void attempt_ended(preq *p, int code)
 {
+    prefill_close(p, 0);
     attempt_count(p->app, p->w, code);
     p->att = NULL;
 }
@@ -350,6 +382,7 @@ static void on_headers(void *ud, int status, const kvr_http_header *h, size_t n)
         kvr_upstream_attempt *att = p->att;
         kvr_worker *w = p->w;
         kvr_app *app = p->app;
+        prefill_close(p, 0);
         /* On -1 the request was answered and freed: only the saved pointers are used below. */
         if (retry_elsewhere(p, reason) != 0) {
             KVR_INFO("msg=\"worker failed: retried elsewhere\" worker=%s status=%d", w->url,
@@ -480,6 +513,7 @@ static int on_body(void *ud, const char *data, size_t len)
             p->prefilling = 0;
             p->w->prefilling--;
         }
+        prefill_close(p, 1);
         const char *lv[] = {p->model, kvr_http_req_path(p->req)};
         kvr_metric_observe(p->app->m.ttft, lv,
                            (double)(kvr_now_ns() - kvr_http_req_start_ns(p->req)) / 1e9);
@@ -1020,6 +1054,7 @@ static int start_attempt(preq *p)
                                 &upstream_cbs, p);
     if (p->att) {
         kvr_route_sent(p->route, p->w, &p->keys.k);
+        prefill_open(p);
         kvr_kv_events_served(p->app->kv, p->w);
     } else {
         kvr_app_attempt_abandon(p->app, p->w, p->trial);

@@ -35,9 +35,18 @@ extern const kvr_policy_ops kvr_policy_precise;
  *  when none), one whose cache is unavailable ranks last. Label "lmcache_aware", match -1. */
 extern const kvr_policy_ops kvr_policy_lmcache_aware;
 
+/** pipeline (seed 004): the eligible worker with the best weighted sum of the scorers of
+ *  routing/scorers.h (weights: the route's `scorers`), random ties; label "pipeline".
+ *  cost: the eligible worker with the least predicted prefill time (routing/policy_cost.h),
+ *  random ties, label "min_cost"; the session's worker while its cost is within 2× of the
+ *  least ("session_id_match"). Both learn through an embedded precise instance
+ *  (routing/scored.h) and read the prompt's token ids only where a worker has KV events. */
+extern const kvr_policy_ops kvr_policy_pipeline;
+extern const kvr_policy_ops kvr_policy_cost;
+
 /** Policies listed by kvr_policy_find() beyond the simple ones (a trailing list, may be empty). */
 #define KVR_POLICIES_EXTRA                                                                    \
     &kvr_policy_consistent_hash, &kvr_policy_rendezvous_hash, &kvr_policy_cache_aware,        \
-        &kvr_policy_precise, &kvr_policy_lmcache_aware
+        &kvr_policy_precise, &kvr_policy_lmcache_aware, &kvr_policy_pipeline, &kvr_policy_cost
 
 #endif

@@ -5,10 +5,12 @@
 #include <string.h>
 
 #include "routing/policies.h"
+#include "routing/scorers.h"
 #include "util/rand.h"
 
 void kvr_policy_cfg_default(kvr_policy_cfg *c)
 {
+    memset(c, 0, sizeof(*c)); /* no KV events, and padding that compares equal */
     c->cache_threshold = 0.5;
     c->balance_abs_threshold = 32;
     c->balance_rel_threshold = 1.5;
@@ -18,6 +20,7 @@ void kvr_policy_cfg_default(kvr_policy_cfg *c)
     c->max_index_blocks = 4000000;
     c->worker_index_blocks = 0;
     c->hash_load_factor = 1.25;
+    kvr_scorers_default(c->scorers);
 }
 
 static const kvr_policy_ops *const all[] = {

@@ -9,6 +9,9 @@
 #include "index/session_map.h"
 #include "workers/worker.h"
 
+/** Scorers of the pipeline policy (routing/scorers.h names them). */
+#define KVR_NSCORERS 7
+
 /** A request's routing keys (DESIGN §5). Both ranges are borrowed for the call. */
 typedef struct kvr_route_keys {
     const char *session;   /**< session key bytes, NULL when the request has none */
@@ -32,7 +35,7 @@ typedef struct kvr_pick {
     const char *decision;  /**< static label: the policy name for simple policies, else one of
                                 session_id_match, prefix_match, low_match_min_load,
                                 empty_key_min_load, load_balance (DESIGN §7), kv_match
-                                (precise), lmcache_aware */
+                                (precise), lmcache_aware, pipeline, min_cost */
     double match;          /**< best prefix match ratio 0..1 over eligible workers, -1 = n/a */
     const char *index;     /**< which index scored the chosen worker: "exact" (KV block index,
                                 precise) or "approximate" (prefix index); NULL for policies
@@ -43,6 +46,8 @@ typedef struct kvr_pick {
     uint32_t block_size;   /**< exact: the chosen worker's block size in tokens (0 = n/a) */
     kvr_prefix_use use;    /**< approximate with a match: the use stamps of the chosen worker's
                                 matched blocks at the pick, for `correct` (runs 0 = none) */
+    double prefill_tokens; /**< cost: prompt tokens predicted uncached on the chosen worker
+                                (what its prefill_start/prefill_end account), 0 = n/a */
 } kvr_pick;
 
 /** Tunables shared by the policies (flags). */
@@ -60,6 +65,9 @@ typedef struct kvr_policy_cfg {
                                         eligible + 1) × its weight share) (1.25); 0 = unbounded */
     struct kvr_kv_events *kv;      /**< the KV events and KV block index (borrowed from the app;
                                         precise reads it), NULL = none */
+    double scorers[KVR_NSCORERS];  /**< pipeline: each scorer's weight (>= 0), indexed by
+                                        kvr_scorer (routing/scorers.h); defaults prefix 3,
+                                        session 4, load 2, kv_usage 1, weight 1, others 0 */
 } kvr_policy_cfg;
 void kvr_policy_cfg_default(kvr_policy_cfg *c);
 
@@ -102,6 +110,15 @@ typedef struct kvr_explain_row {
     const char *trust;         /**< precise: its KV-event trust state ("exact", …), else NULL */
     const char *index;         /**< which index scored it ("exact"/"approximate"), or NULL */
     double weight;             /**< its target weight (filled by the route, not the policy) */
+    int scored;                /**< 1: pipeline filled scorers and score; 2: cost filled score
+                                    and the prefill figures; 0: none of the fields below */
+    double scorers[KVR_NSCORERS]; /**< pipeline: each scorer's value 0..1 (kvr_scorer order) */
+    double score;              /**< pipeline: their weighted sum (argmax wins); cost: the
+                                    predicted prefill seconds (least wins) */
+    double prefill_pending;    /**< cost: prompt tokens sent there whose first byte has not come */
+    double prefill_uncached;   /**< cost: this request's prompt tokens it would prefill */
+    double seconds_per_token;  /**< cost: its measured prefill seconds per token (or the
+                                    fleet's mean, 0 while nothing was measured) */
 } kvr_explain_row;
 
 /** Operations of a policy. Only `name`, `create`, `pick` and `destroy` are mandatory. */
@@ -140,7 +157,9 @@ typedef struct kvr_policy_ops {
     /** Optional: an attempt with keys `k` was just sent to `w` (precise records the prompt's
      *  blocks there as speculative until an event settles them). */
     void (*sent)(void *self, kvr_worker *w, const kvr_route_keys *k);
-    /** 1 when pick() reads the prompt's token ids (the proxy then fetches them first). */
+    /** 1 when pick() reads the prompt's token ids (the proxy then fetches them first); 2 when
+     *  it reads them only for workers with KV events (fetched when an eligible worker of the
+     *  route has them configured: elsewhere the ids would buy nothing). */
     int uses_tokens;
     /** Optional. The worker `w` of `pick` (scored by the approximate index) answered 2xx and
      *  reported `cached` of its `prompt` tokens cached, off chosen_match × prompt by more than
@@ -150,11 +169,20 @@ typedef struct kvr_policy_ops {
      *  correction (it may still have adjusted an estimate). */
     int (*correct)(void *self, kvr_worker *w, const kvr_route_keys *k, const kvr_pick *pick,
                    int64_t cached, int64_t prompt);
+    /** Optional (cost): an attempt was just sent to `w` (after `sent`) whose pick predicted
+     *  `tokens` uncached prompt tokens there (kvr_pick.prefill_tokens). Returns the prefill
+     *  already outstanding there before it, in tokens, to be handed back to prefill_end. */
+    double (*prefill_start)(void *self, kvr_worker *w, double tokens);
+    /** Optional (cost): that attempt's prefill is over: its first token came `ms` after it was
+     *  sent, or `ms` < 0 when it ended without one or its first byte says nothing about its
+     *  prefill (a body that is not streamed arrives whole). Called exactly once per
+     *  prefill_start, with its `tokens` and the `ahead` it returned. */
+    void (*prefill_end)(void *self, kvr_worker *w, double tokens, double ahead, double ms);
 } kvr_policy_ops;
 
 /** Looks a policy up by name ("round_robin", "random", "least_load", "power_of_two",
- *  "consistent_hash", "rendezvous_hash", "cache_aware", "precise", "lmcache_aware"); NULL if
- *  unknown. */
+ *  "consistent_hash", "rendezvous_hash", "cache_aware", "precise", "lmcache_aware",
+ *  "pipeline", "cost"); NULL if unknown. */
 const kvr_policy_ops *kvr_policy_find(const char *name);
 /** Comma-separated names of all policies, for --help. */
 const char *kvr_policy_names(void);

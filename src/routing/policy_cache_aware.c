@@ -618,3 +618,37 @@ const kvr_policy_ops kvr_policy_cache_aware = {
     .sent = ca_sent,
     .correct = ca_correct,
 };
+
+/* pipeline and cost score workers with this instance's indexes and session map. */
+int kvr_cache_aware_scores(void *self, kvr_worker *const *el, size_t n, const kvr_route_keys *k,
+                           kvr_cache_aware_score *out, int *session_idx)
+{
+    ca_state *s = self;
+    *session_idx = -1;
+    if (!n || scratch(s, n) < 0)
+        return -1;
+    size_t tlen = k && k->text ? k->text_len : 0;
+    if (tlen) {
+        for (size_t i = 0; i < n; i++)
+            s->ids[i] = el[i]->id;
+        kvr_prefix_index_match(s->index, k->text, tlen, s->ids, n, s->matched);
+    } else {
+        memset(s->matched, 0, n * sizeof(*s->matched));
+    }
+    score_exact(s, el, n, k);
+    for (size_t i = 0; i < n; i++)
+        out[i] = (kvr_cache_aware_score){
+            .ratio = s->exact[i] ? s->ratio[i] : tlen ? (double)s->matched[i] / (double)tlen : 0,
+            .matched_bytes = s->matched[i],
+            .exact = s->exact[i],
+            .kv_blocks = s->kv_run[i],
+            .block_size = s->exact[i] ? worker_block_size(s, el[i]->id) : 0,
+        };
+    size_t owner;
+    if (k && k->session && k->session_len &&
+        kvr_session_map_get(s->sessions, k->session, k->session_len, kvr_now_ms(), &owner) == 1)
+        for (size_t i = 0; i < n; i++)
+            if (el[i]->id == owner)
+                *session_idx = (int)i;
+    return 0;
+}

@@ -64,4 +64,22 @@ int kvr_cache_aware_explain(void *self, kvr_worker *const *eligible, size_t n,
  *  Returns the number dropped. */
 size_t kvr_cache_aware_sweep(void *self, size_t max);
 
+/** What the instance knows of one eligible worker for a request, for the policies that score
+ *  workers with it (pipeline, cost: routing/policies.h). */
+typedef struct kvr_cache_aware_score {
+    double ratio;          /**< match ratio 0..1 from the index that vouches for the worker (as
+                                the decision uses it); 0 without routing text */
+    size_t matched_bytes;  /**< leading routing-text bytes the prefix index credits it with */
+    int exact;             /**< 1: scored by the KV block index (precise, worker exact) */
+    size_t kv_blocks;      /**< exact: leading prompt blocks resident there */
+    uint32_t block_size;   /**< exact: its block size in tokens, else 0 */
+} kvr_cache_aware_score;
+
+/** Scores the `n` eligible workers for keys `k` exactly as the decision would (learning
+ *  nothing): `out[i]` for `el[i]`, and `*session_idx` the index of the worker the session key
+ *  is bound to (-1 when none is, or it is not eligible). Returns 0, or -1 when n is 0 or memory
+ *  ran out. */
+int kvr_cache_aware_scores(void *self, kvr_worker *const *el, size_t n, const kvr_route_keys *k,
+                           kvr_cache_aware_score *out, int *session_idx);
+
 #endif

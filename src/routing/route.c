@@ -274,6 +274,17 @@ void kvr_route_sent(kvr_route *r, kvr_worker *w, const kvr_route_keys *k)
         r->ops->sent(r->state->policy, w, k);
 }
 
+double kvr_route_prefill_start(kvr_route *r, kvr_worker *w, double tokens)
+{
+    return r->ops->prefill_start ? r->ops->prefill_start(r->state->policy, w, tokens) : 0;
+}
+
+void kvr_route_prefill_end(kvr_route *r, kvr_worker *w, double tokens, double ahead, double ms)
+{
+    if (r->ops->prefill_end)
+        r->ops->prefill_end(r->state->policy, w, tokens, ahead, ms);
+}
+
 void kvr_route_pin_response(kvr_route *r, const char *id, size_t len, kvr_worker *w)
 {
     if (!w->removed)

@@ -109,6 +109,13 @@ int kvr_route_correct(kvr_route *r, kvr_worker *w, const kvr_route_keys *k, cons
                       int64_t cached, int64_t prompt);
 /** An attempt with keys `k` was just sent to `w` (policies that predict residency record it). */
 void kvr_route_sent(kvr_route *r, kvr_worker *w, const kvr_route_keys *k);
+/** cost's prefill accounting of one attempt (kvr_policy_ops.prefill_start / prefill_end): the
+ *  attempt just sent to `w` predicts `tokens` uncached prompt tokens (its pick's
+ *  prefill_tokens); returns what was outstanding there before it (0 for other policies). */
+double kvr_route_prefill_start(kvr_route *r, kvr_worker *w, double tokens);
+/** ... and its prefill is over: first token after `ms`, or `ms` < 0 (ended without one, or a
+ *  first byte that says nothing about prefill). Once per kvr_route_prefill_start. */
+void kvr_route_prefill_end(kvr_route *r, kvr_worker *w, double tokens, double ahead, double ms);
 /** Worker `w` produced the stored response `id` (len bytes): later requests continuing it
  *  go there. */
 void kvr_route_pin_response(kvr_route *r, const char *id, size_t len, kvr_worker *w);

@@ -1,5 +1,6 @@
 """The simple policies: round_robin, random, least_load, power_of_two; decision labels; in-flight
-accounting seen through kvroute_worker_inflight."""
+accounting seen through kvroute_worker_inflight; target weights and bounded-load hashing; the
+pipeline (weighted scorers) and cost (least predicted prefill) policies."""
 import collections
 import concurrent.futures
 import json
@@ -8,7 +9,8 @@ import math
 import httpx
 import pytest
 
-from conftest import MODEL, RawConn, chat_body, free_port, http_post, wait_until
+from conftest import (MODEL, SIM_MODEL, RawConn, chat_body, free_port, http_post,
+                      wait_until)
 
 
 def route(kv, n, **body_kw):
@@ -264,3 +266,167 @@ def test_hash_load_factor_zero_is_unbounded(stub, kvroute, tmp_path, policy):
         ex.shutdown()
     assert all(r.status_code == 200 for r in rs)
     assert kv.metrics().get("kvroute_hash_overflows_total", model=MODEL) == 0
+
+
+# ============================================================================ pipeline
+def debug_route(admin, body):
+    r = httpx.post("http://127.0.0.1:%d/debug/route" % admin, json=body, timeout=5.0)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_pipeline_load_scorer_settles_in_flight_by_weight(stub, kvroute, tmp_path):
+    """Target weights 3 and 1, `scorers: {load: 1}`: 40 concurrent slow requests settle 30:10
+    in flight (±3), as 1 − (in-flight / weight) ÷ the largest such value makes them."""
+    ws = [stub(), stub()]
+    cfg = weighted_config(tmp_path, ws, [3, 1], "pipeline", extra="    scorers: {load: 1}\n")
+    kv = kvroute([], model=None, policy=None, extra=["--config", cfg])
+    n = 40
+    ex, futs = slow_sessions(kv, n, ["p%d" % i for i in range(n)], 3000)
+    try:
+        wait_until(lambda: sum(in_progress(ws).values()) == n, 10.0,
+                   what="%d requests in progress at the workers" % n)
+        held = in_progress(ws)
+        assert kv.inflight() == held
+        assert abs(held[ws[0].url] - 30) <= 3 and abs(held[ws[1].url] - 10) <= 3, held
+    finally:
+        rs = [f.result() for f in futs]
+        ex.shutdown()
+    assert all(r.status_code == 200 for r in rs), [r.status_code for r in rs]
+    assert all(r.headers.get("x-kvroute-decision") == "pipeline" for r in rs)
+    assert kv.metrics().get("kvroute_decisions_total", policy="pipeline", decision="pipeline",
+                            model=MODEL) == n
+
+
+def test_pipeline_weight_scorer_sends_everything_to_the_heaviest(stub, kvroute, tmp_path):
+    ws = [stub(), stub()]
+    cfg = weighted_config(tmp_path, ws, [3, 1], "pipeline", extra="    scorers: {weight: 1}\n")
+    kv = kvroute([], model=None, policy=None, extra=["--config", cfg])
+    assert route(kv, 20) == [ws[0].url] * 20
+    assert len(ws[1].proxied()) == 0
+
+
+def test_pipeline_debug_route_lists_per_scorer_values(stub, kvroute, tmp_path):
+    """Default scorers (prefix 3, session 4, load 2, kv_usage 1, weight 1): /debug/route shows
+    every scorer's value and their weighted sum per worker; the session's worker wins."""
+    ws = [stub(), stub()]
+    admin = free_port()
+    cfg = weighted_config(tmp_path, ws, [2, 1], "pipeline")
+    kv = kvroute([], model=None, policy=None, extra=["--config", cfg, "--admin-port", admin])
+    h = {"x-session-id": "pipe-1"}
+    first = kv.chat(headers=h, content="a conversation that will continue")
+    assert first.status_code == 200 and first.headers["x-kvroute-decision"] == "pipeline"
+    owner = first.headers["x-kvroute-worker"]
+    d = debug_route(admin, chat_body(content="a conversation that will continue"))
+    assert d["policy"] == "pipeline" and d["decision"] == "pipeline"
+    want = {"prefix": 3, "session": 4, "load": 2, "queue": 0, "kv_usage": 1, "weight": 1,
+            "lmcache": 0}
+    for row in d["workers"]:
+        sc = row["scorers"]
+        assert set(sc) == set(want), sc
+        assert all(0 <= v <= 1 for v in sc.values()), sc
+        assert row["score"] == pytest.approx(sum(want[k] * sc[k] for k in want)), row
+        assert sc["weight"] == pytest.approx(row["weight"] / 2)
+        assert sc["load"] == 1 and sc["session"] == 0  # idle; no session key in this body
+    rows = {row["url"]: row for row in d["workers"]}
+    assert rows[owner]["scorers"]["prefix"] == pytest.approx(1)
+    # With the session key, the session scorer is 1 on its worker and decides.
+    r = httpx.post("http://127.0.0.1:%d/debug/route" % admin, headers=h, timeout=5.0,
+                   json=chat_body(content="something else entirely"))
+    rows = {row["url"]: row for row in r.json()["workers"]}
+    assert rows[owner]["scorers"]["session"] == 1 and rows[owner]["session_owner"]
+    assert r.json()["worker"] == owner
+    assert kv.chat(headers=h, content="turn 2").headers["x-kvroute-worker"] == owner
+
+
+def test_scorer_flags_replace_the_defaults(stub, kvroute):
+    """--scorer NAME=WEIGHT (repeatable) replaces the default weights entirely."""
+    ws = [stub(), stub()]
+    admin = free_port()
+    kv = kvroute(ws, policy="pipeline", health_interval_ms=0,
+                 extra=["--scorer", "load=1", "--scorer", "queue=0.5", "--admin-port", admin])
+    d = debug_route(admin, chat_body())
+    for row in d["workers"]:
+        assert row["score"] == pytest.approx(row["scorers"]["load"] +
+                                             0.5 * row["scorers"]["queue"]), row
+
+
+# ============================================================================ cost
+def long_prompt(tag, words=1500):
+    return " ".join("%s-%d" % (tag, i) for i in range(words))
+
+
+def test_cost_sends_a_repeated_long_prompt_to_the_worker_that_holds_it(stub, kvroute):
+    ws = [stub(), stub(), stub()]
+    admin = free_port()
+    kv = kvroute(ws, policy="cost", health_interval_ms=0, extra=["--admin-port", admin])
+    p = long_prompt("repeat")
+    first = kv.chat(content=p)
+    assert first.status_code == 200 and first.headers["x-kvroute-decision"] == "min_cost"
+    holder = first.headers["x-kvroute-worker"]
+    for _ in range(8):
+        r = kv.chat(content=p)
+        assert r.headers["x-kvroute-worker"] == holder
+        assert r.headers["x-kvroute-decision"] == "min_cost"
+        assert r.headers["x-kvroute-match"] == "1.00"
+    d = debug_route(admin, chat_body(content=p))
+    rows = {row["url"]: row for row in d["workers"]}
+    assert rows[holder]["uncached_tokens"] == 1
+    assert all(row["uncached_tokens"] > 1000 for u, row in rows.items() if u != holder)
+    assert all(row["prefill_pending_tokens"] == 0 for row in rows.values())
+    assert d["worker"] == holder and rows[holder]["cost_s"] < min(
+        row["cost_s"] for u, row in rows.items() if u != holder)
+
+
+def test_cost_spreads_distinct_prompts_across_idle_workers(stub, kvroute):
+    """12 concurrent slow requests with distinct long prompts over 3 idle workers: each one's
+    prefill stays pending until its first byte, so the next goes elsewhere: 4 each."""
+    ws = [stub(), stub(), stub()]
+    kv = kvroute(ws, policy="cost", health_interval_ms=0)
+    n = 12
+    ex = concurrent.futures.ThreadPoolExecutor(n)
+    futs = [ex.submit(kv.chat, headers={"x-stub-mode": "json,delay:2000"}, timeout=20,
+                      content=long_prompt("distinct%02d" % i, 800)) for i in range(n)]
+    try:
+        wait_until(lambda: sum(in_progress(ws).values()) == n, 10.0,
+                   what="%d requests in progress at the workers" % n)
+        assert sorted(in_progress(ws).values()) == [4, 4, 4], in_progress(ws)
+    finally:
+        rs = [f.result() for f in futs]
+        ex.shutdown()
+    assert all(r.status_code == 200 and r.headers["x-kvroute-decision"] == "min_cost"
+               for r in rs)
+
+
+def test_cost_learns_prefill_speed_from_streamed_first_bytes(sim_factory, kvroute):
+    """Seconds per prefill token are equal until measured; streamed answers' first bytes
+    measure their worker (the time above its fastest first byte, over the tokens), and an
+    unmeasured worker then counts at the measured mean."""
+    sims = [sim_factory("--time-scale", "0.05") for _ in range(2)]
+    admin = free_port()
+    kv = kvroute(sims, model=SIM_MODEL, policy="cost", health_interval_ms=0,
+                 extra=["--admin-port", admin])
+    msgs = [{"role": "user", "content": long_prompt("speed", 600)}]
+    d = debug_route(admin, {"model": SIM_MODEL, "messages": msgs})
+    assert {row["seconds_per_token"] for row in d["workers"]} == {25e-6}
+    # A whole JSON body arrives after decoding: it says nothing about prefill.
+    r = kv.post("/v1/chat/completions", {"model": SIM_MODEL, "messages": msgs, "max_tokens": 4})
+    assert r.status_code == 200
+    d = debug_route(admin, {"model": SIM_MODEL, "messages": msgs})
+    assert {row["seconds_per_token"] for row in d["workers"]} == {25e-6}
+    used = set()
+    for i, words in enumerate([5, 2000, 4000]):
+        body = {"model": SIM_MODEL, "max_tokens": 4, "stream": True, "messages": [
+            {"role": "user", "content": long_prompt("stream%d" % i, words)}]}
+        with httpx.stream("POST", kv.url + "/v1/chat/completions", json=body, timeout=20.0,
+                          headers={"x-session-id": "speed-test"}) as s:
+            assert s.status_code == 200
+            assert s.headers["x-kvroute-decision"] in ("min_cost", "session_id_match")
+            used.add(s.headers["x-kvroute-worker"])
+            b"".join(s.iter_bytes())
+    assert len(used) == 1, used  # the session stayed (its worker within 2x of the least)
+    used = used.pop()
+    d = debug_route(admin, {"model": SIM_MODEL, "messages": msgs})
+    spt = {row["url"]: row["seconds_per_token"] for row in d["workers"]}
+    assert spt[used] != 25e-6 and spt[used] > 0, spt
+    assert len(set(spt.values())) == 1, spt  # the other one counts at the measured mean

@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "config/config.h"
+#include "routing/scorers.h"
 
 typedef struct {
     char path[64];
@@ -600,12 +601,74 @@ static void lmcache_file(void **state)
     done(l);
 }
 
+/* pipeline `scorers`: a mapping per route, in `defaults` or at the top level, that replaces the
+ * default weights entirely; --scorer NAME=WEIGHT (repeatable) on the command line, whose first
+ * one replaces the file's. */
+static void scorers(void **state)
+{
+    (void)state;
+    static const char yaml[] = "workers: [http://127.0.0.1:9001]\n"
+                               "defaults: {scorers: {prefix: 2, queue: 1.5}}\n"
+                               "routes:\n"
+                               "  - {name: a, policy: pipeline, targets: [http://127.0.0.1:9001],\n"
+                               "     scorers: {load: 1}}\n"
+                               "  - {name: b, policy: pipeline, targets: [http://127.0.0.1:9001]}\n";
+    loaded *l = load(yaml);
+    assert_int_equal(l->rc, 0);
+    assert_true(l->c.route.p.scorers[KVR_SCORER_PREFIX] == 2 &&
+                l->c.route.p.scorers[KVR_SCORER_QUEUE] == 1.5 &&
+                l->c.route.p.scorers[KVR_SCORER_SESSION] == 0);
+    assert_string_equal(l->c.routes[0].settings[1].key, "scorers");
+    assert_string_equal(l->c.routes[0].settings[1].value, "load=1");
+    done(l);
+    /* Resolved: route a has load alone, route b the file's defaults; then --scorer replaces
+     * the defaults (not a route's own map) and adds up when repeated. */
+    for (int cli = 0; cli < 2; cli++) {
+        l = load(yaml);
+        kvr_config_free(&l->c);
+        kvr_config_default(&l->c);
+        char *argv[] = {"kvroute", "--config", l->path, "--scorer", "weight=3", "--scorer",
+                        "session=1"};
+        assert_int_equal(kvr_config_load(&l->c, cli ? 7 : 3, argv, &l->errs), 0);
+        const double *a = l->c.routes[0].cfg.p.scorers, *b = l->c.routes[1].cfg.p.scorers;
+        for (int s = 0; s < KVR_NSCORERS; s++)
+            assert_true(a[s] == (s == KVR_SCORER_LOAD ? 1 : 0));
+        assert_true(b[KVR_SCORER_PREFIX] == (cli ? 0 : 2));
+        assert_true(b[KVR_SCORER_WEIGHT] == (cli ? 3 : 0));
+        assert_true(b[KVR_SCORER_SESSION] == (cli ? 1 : 0));
+        done(l);
+    }
+    /* The top level sets the route defaults too; an empty map weighs every scorer 0. */
+    l = load("scorers: {lmcache: 1}\n");
+    assert_int_equal(l->rc, 0);
+    assert_true(l->c.route.p.scorers[KVR_SCORER_LMCACHE] == 1 &&
+                l->c.route.p.scorers[KVR_SCORER_PREFIX] == 0);
+    done(l);
+    l = load("defaults: {scorers: {}}\n");
+    assert_int_equal(l->rc, 0);
+    for (int s = 0; s < KVR_NSCORERS; s++)
+        assert_true(l->c.route.p.scorers[s] == 0);
+    done(l);
+    /* Errors at their positions. */
+    l = load("defaults:\n"
+             "  scorers: {lod: 1, load: -2, weight: [1]}\n"
+             "scorer: load=1\n");
+    assert_int_equal(l->rc, -1);
+    assert_error(l, 0, "2:13: scorers: unknown scorer 'lod' (one of prefix, session, load, "
+                       "queue, kv_usage, weight, lmcache)");
+    assert_error(l, 1, "2:27: scorers: load: bad weight '-2' (expected a number 0..1e6)");
+    assert_error(l, 2, "2:39: weight: expected a scalar");
+    assert_error(l, 3, "3:1: scorer: only on the command line");
+    assert_int_equal(l->errs.n, 4);
+    done(l);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(full_file),   cmocka_unit_test(three_errors),
         cmocka_unit_test(bad_values),  cmocka_unit_test(shapes),
-        cmocka_unit_test(hash_load_factor),
+        cmocka_unit_test(hash_load_factor), cmocka_unit_test(scorers),
         cmocka_unit_test(yaml_values), cmocka_unit_test(syntax_error),
         cmocka_unit_test(unreadable_and_empty), cmocka_unit_test(appends),
         cmocka_unit_test(caps),        cmocka_unit_test(cyclic_alias),
