@@ -673,7 +673,7 @@ static void test_json_relayed_exactly(void **state)
     snprintf(line, sizeof(line), "Content-Length: %zu\r\n", strlen(req));
     assert_non_null(strstr(got, line));
     assert_null(strstr(got, "evil"));
-    assert_null(strstr(got, "999"));
+    assert_null(strstr(got, "Content-Length: 999")); /* (the port may contain 999) */
     assert_null(strstr(got, "Expect"));
     assert_null(strstr(got, "Accept:"));
     rec_free(&r);
