@@ -62,7 +62,7 @@ int kvr_request_keys_tokenize(kvr_app *app, kvr_route *route, kvr_endpoint ep, k
 {
     *op = NULL;
     size_t n = kvr_route_eligible(route, route->scratch);
-    if (!n || ep == KVR_EP_RESPONSES || !app->tokenizer)
+    if (!n || (ep != KVR_EP_CHAT && ep != KVR_EP_COMPLETIONS) || !app->tokenizer)
         return 0;
     /* Every worker of a route tokenizes alike (one model); the least loaded answers first. */
     kvr_worker *w = kvr_policy_least_loaded(route->scratch, n);
