@@ -1,5 +1,5 @@
 /* libFuzzer harness for what kvroute derives from a client's JSON body before routing:
- * kvr_json_read (src/util/json_read.c), the routing keys of all three endpoints
+ * kvr_json_read (src/util/json_read.c), the routing keys of every endpoint
  * (src/routing/keys.c), body validation (src/api/validate.c) and the `model` span used to
  * rewrite the body for an upstream model (kvr_json_member_span).
  *
@@ -67,7 +67,7 @@ static int is_hex32(const char *p, size_t n)
 static void check_keys(const json_t *body, const kvr_session_sources *src)
 {
     const hdrs sets[] = {{g_plain}, {g_conv}, {g_long}};
-    for (int kind = 0; kind < 3; kind++) {
+    for (int kind = 0; kind < KVR_EP_COUNT; kind++) {
         kvr_buf first; /* the text must not depend on the headers */
         kvr_buf_init(&first, 0);
         for (size_t s = 0; s < sizeof(sets) / sizeof(sets[0]); s++) {
@@ -110,7 +110,7 @@ static void check_keys(const json_t *body, const kvr_session_sources *src)
 
 static void check_validate(const json_t *body)
 {
-    for (int ep = 0; ep < 3; ep++) {
+    for (int ep = 0; ep < KVR_EP_COUNT; ep++) {
         char msg[64];
         const char *param = "unset";
         msg[0] = '\0';
@@ -118,8 +118,11 @@ static void check_validate(const json_t *body)
         if (st != 0 && (st != 400 || !msg[0] || strnlen(msg, sizeof(msg)) == sizeof(msg) ||
                         (param && !*param)))
             __builtin_trap();
-        /* An accepted body has what routing reads: a string model. */
-        if (st == 0 && !json_is_string(json_object_get(body, "model")))
+        /* An accepted body has what routing reads: a string model (or none where the
+         * endpoint allows that). */
+        const json_t *model = json_object_get(body, "model");
+        if (st == 0 && !json_is_string(model) &&
+            !(model == NULL && kvr_endpoint_model_optional((kvr_endpoint)ep)))
             __builtin_trap();
     }
 }

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "embed.h"
 #include "respstore.h"
 #include "routing/anthropic.h"
 #include "template.h"
@@ -614,16 +615,21 @@ static void msg_finish_json(sim_req *r, const kvr_sim_seq_info *in)
     r->http = NULL;
 }
 
-/* Stored before the answer is written, so a client that sends the follow-up as soon as it
- * has read the answer always finds it. The ids are what the template renders for the
- * assistant message: its header ended the prompt, then the output, then <|eot_id|>. */
-static void store_response(sim_req *r)
+/* Stored before the answer is written, so a client that sends the follow-up (or GETs it) as
+ * soon as it has read the answer always finds it. The ids are what the template renders for
+ * the assistant message: its header ended the prompt, then the output, then <|eot_id|>; the
+ * object is the completed response as the answer carries it. */
+static void store_response(sim_req *r, const kvr_sim_seq_info *in)
 {
     resp_extra *x = r->rx;
     if (!x->conv)
         return;
     x->conv[x->nconv++] = KVR_SIM_TOK_EOT;
-    kvr_sim_resp_store_put(r->api->responses, x->counter, x->conv, x->nconv);
+    kvr_buf b;
+    kvr_buf_init(&b, 0);
+    char *json = put_response(r, &b, in) == 0 ? strndup(b.data, b.len) : NULL;
+    kvr_buf_free(&b);
+    kvr_sim_resp_store_put(r->api->responses, x->counter, x->conv, x->nconv, json);
     x->conv = NULL;
 }
 
@@ -678,7 +684,7 @@ static void on_finish(void *ud, kvr_sim_seq *seq)
     r->seq = NULL; /* freed by the engine when this returns */
     kvr_sim_vmetrics_finished(r->api->vm, (double)(kvr_now_ns() - r->arrival_ns) / 1e9);
     if (r->rx)
-        store_response(r);
+        store_response(r, in);
     r->in_cb = 1;
     if (r->http && !r->stalled) {
         if (r->kind == K_RESPONSE && r->stream)
@@ -1303,6 +1309,117 @@ out:
     json_decref(j);
 }
 
+/* GET and DELETE /v1/responses/{id}: a stored response, as OpenAI serves them. */
+static void stored_response(kvr_sim_api *api, kvr_http_req *req, const char *id)
+{
+    const char *meth = kvr_http_req_method(req);
+    int del = strcmp(meth, "DELETE") == 0;
+    if (!del && strcmp(meth, "GET") != 0 && strcmp(meth, "HEAD") != 0) {
+        kvr_http_header h = {"Allow", 5, "GET, HEAD, DELETE", 17};
+        send_error_ex(req, 405, "method not allowed", NULL, NULL, &h, 1);
+        return;
+    }
+    const char *json = kvr_sim_resp_store_get_json(api->responses, id);
+    if (!json) {
+        char msg[300];
+        snprintf(msg, sizeof(msg), "Response with id '%.*s' not found.", quote_len(id, 200), id);
+        send_error(req, 404, msg, NULL);
+        return;
+    }
+    kvr_buf *b = &api->scratch;
+    kvr_buf_reset(b);
+    int rc = 0;
+    if (del) {
+        rc |= kvr_buf_puts(b, "{\"id\":");
+        rc |= put_json_str(b, id, strlen(id));
+        rc |= kvr_buf_puts(b, ",\"object\":\"response\",\"deleted\":true}");
+        kvr_sim_resp_store_delete(api->responses, id);
+    } else {
+        rc = kvr_buf_puts(b, json);
+    }
+    if (rc == 0)
+        send_json(req, 200, b, kvr_http_req_header(req, "x-request-id"));
+    else
+        send_error(req, 503, "out of memory", NULL);
+}
+
+/* ---- /v1/embeddings ---- */
+
+/* encoding_format, dimensions and add_special_tokens. Returns 0, or -1 after a 400. */
+static int embed_opts(kvr_sim_api *api, kvr_http_req *req, const json_t *j,
+                      kvr_sim_embed_opts *o)
+{
+    *o = (kvr_sim_embed_opts){.model = api->model, .dim = KVR_SIM_EMBED_DIM,
+                              .max_model_len = api->cfg.max_model_len, .seen = api->pieces};
+    const json_t *f = json_object_get(j, "encoding_format");
+    const char *fs = json_string_value(f);
+    o->base64 = fs && strcmp(fs, "base64") == 0;
+    if (f && !json_is_null(f) && !o->base64 && !(fs && strcmp(fs, "float") == 0)) {
+        send_error(req, 400, "'encoding_format' must be \"float\" or \"base64\"",
+                   "encoding_format");
+        return -1;
+    }
+    if (get_count(j, "dimensions", &o->dim) < 0 || o->dim > KVR_SIM_EMBED_DIM_MAX) {
+        char msg[80];
+        snprintf(msg, sizeof(msg), "'dimensions' must be an integer in [1, %d]",
+                 KVR_SIM_EMBED_DIM_MAX);
+        send_error(req, 400, msg, "dimensions");
+        return -1;
+    }
+    o->add_special_tokens = get_bool(j, "add_special_tokens", 1);
+    if (o->add_special_tokens < 0) {
+        send_error(req, 400, "'add_special_tokens' must be a boolean", "add_special_tokens");
+        return -1;
+    }
+    return 0;
+}
+
+static void embeddings(kvr_sim_api *api, kvr_http_req *req)
+{
+    json_t *j = parse_body(req);
+    kvr_sim_embed_opts o;
+    if (!j || check_model(api, req, j) < 0 || embed_opts(api, req, j, &o) < 0) {
+        json_decref(j);
+        return;
+    }
+    kvr_buf data, *b = &api->scratch;
+    kvr_buf_init(&data, api->scratch.cap);
+    size_t tokens = 0;
+    uint64_t digest = 0;
+    char msg[300];
+    int rc = kvr_sim_embed_data(json_object_get(j, "input"), &o, &data, &tokens, &digest, msg,
+                                sizeof(msg));
+    json_decref(j);
+    if (rc) {
+        send_error(req, rc, rc == 400 ? msg : "out of memory or answer too large", "input");
+        kvr_buf_free(&data);
+        return;
+    }
+    /* The id follows from the inputs, so the same request gets the same answer (bar
+     * `created`) from any sim serving the model. */
+    char id[40];
+    snprintf(id, sizeof(id), "embd-%016llx", (unsigned long long)digest);
+    kvr_buf_reset(b);
+    int e = kvr_buf_puts(b, "{\"id\":\"");
+    e |= kvr_buf_puts(b, id);
+    e |= kvr_buf_puts(b, "\",\"object\":\"list\",\"created\":");
+    e |= put_u64(b, (uint64_t)kvr_unix_time());
+    e |= kvr_buf_puts(b, ",\"model\":");
+    e |= put_json_str(b, api->model, strlen(api->model));
+    e |= kvr_buf_puts(b, ",\"data\":");
+    e |= kvr_buf_append(b, data.data, data.len);
+    e |= kvr_buf_puts(b, ",\"usage\":{\"prompt_tokens\":");
+    e |= put_u64(b, tokens);
+    e |= kvr_buf_puts(b, ",\"total_tokens\":");
+    e |= put_u64(b, tokens);
+    e |= kvr_buf_puts(b, ",\"completion_tokens\":0,\"prompt_tokens_details\":null}}");
+    kvr_buf_free(&data);
+    if (e == 0)
+        send_json(req, 200, b, kvr_http_req_header(req, "x-request-id"));
+    else
+        send_error(req, 503, "out of memory or answer too large", NULL);
+}
+
 /* ---- /tokenize, /detokenize ---- */
 
 /* Renders either form of a tokenize request. Returns 0, or -1 after sending the error. vLLM
@@ -1619,8 +1736,8 @@ static int method_ok(kvr_http_req *req, methods m, int *is_post)
 }
 
 enum {
-    R_CHAT, R_COMPLETIONS, R_RESPONSES, R_MESSAGES, R_COUNT_TOKENS, R_TOKENIZE, R_DETOKENIZE,
-    R_MODELS, R_HEALTH, R_METRICS, R_RESET, R_EVICT, R_FAULTS, R_LMCACHE, R_STATS
+    R_CHAT, R_COMPLETIONS, R_RESPONSES, R_MESSAGES, R_COUNT_TOKENS, R_EMBEDDINGS, R_TOKENIZE,
+    R_DETOKENIZE, R_MODELS, R_HEALTH, R_METRICS, R_RESET, R_EVICT, R_FAULTS, R_LMCACHE, R_STATS
 };
 
 static const struct route {
@@ -1633,6 +1750,7 @@ static const struct route {
     {"/v1/responses", POST_ONLY, R_RESPONSES},
     {"/v1/messages", POST_ONLY, R_MESSAGES},
     {"/v1/messages/count_tokens", POST_ONLY, R_COUNT_TOKENS},
+    {"/v1/embeddings", POST_ONLY, R_EMBEDDINGS},
     {"/tokenize", POST_ONLY, R_TOKENIZE},
     {"/detokenize", POST_ONLY, R_DETOKENIZE},
     {"/v1/models", GET_ONLY, R_MODELS},
@@ -1656,6 +1774,7 @@ static void serve(kvr_sim_api *api, kvr_http_req *req, int id, int post)
     case R_COUNT_TOKENS: count_tokens(api, req); break;
     case R_TOKENIZE: tokenize(api, req); break;
     case R_DETOKENIZE: detokenize(api, req); break;
+    case R_EMBEDDINGS: embeddings(api, req); break;
     case R_MODELS: models(api, req); break;
     case R_HEALTH: health(api, req); break;
     case R_METRICS: metrics(api, req); break;
@@ -1677,6 +1796,10 @@ void kvr_sim_api_handle(kvr_http_req *req, void *ud)
             continue;
         if (method_ok(req, routes[i].m, &post))
             serve(api, req, routes[i].id, post);
+        return;
+    }
+    if (strncmp(path, "/v1/responses/", 14) == 0 && path[14] && !strchr(path + 14, '/')) {
+        stored_response(api, req, path + 14);
         return;
     }
     send_error(req, 404, "not found", NULL);
@@ -1707,6 +1830,11 @@ kvr_sim_api *kvr_sim_api_new(uv_loop_t *loop, const kvr_sim_api_cfg *cfg, kvr_si
     api->vm = vm;
     kvr_buf_init(&api->scratch, 64u << 20);
     return api;
+}
+
+void kvr_sim_api_set_port(kvr_sim_api *api, int port)
+{
+    kvr_sim_resp_store_salt(api->responses, (uint64_t)port);
 }
 
 void kvr_sim_api_free(kvr_sim_api *api)

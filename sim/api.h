@@ -61,6 +61,9 @@ kvr_sim_api *kvr_sim_api_new(uv_loop_t *loop, const kvr_sim_api_cfg *cfg, kvr_si
                              kvr_metrics *reg, kvr_sim_vmetrics *vm);
 /** The kvr_http_handler; `ud` is the kvr_sim_api. */
 void kvr_sim_api_handle(kvr_http_req *req, void *ud);
+/** The port the sim listens on, once bound: part of its response ids, so that sims sharing a
+ *  --seed never issue the same one. Call before serving. */
+void kvr_sim_api_set_port(kvr_sim_api *api, int port);
 /** Frees the API once the HTTP server has closed (every request released). */
 void kvr_sim_api_free(kvr_sim_api *api);
 

@@ -13,6 +13,7 @@ typedef struct slot {
     uint64_t counter; /* valid when ids != NULL */
     uint32_t *ids;
     size_t n;
+    char *json;       /* the response object, or NULL */
 } slot;
 
 struct kvr_sim_resp_store {
@@ -35,12 +36,19 @@ kvr_sim_resp_store *kvr_sim_resp_store_new(size_t max_entries, uint64_t seed)
     return st;
 }
 
+void kvr_sim_resp_store_salt(kvr_sim_resp_store *st, uint64_t salt)
+{
+    st->seed ^= salt * 0x9e3779b97f4a7c15ull;
+}
+
 void kvr_sim_resp_store_free(kvr_sim_resp_store *st)
 {
     if (!st)
         return;
-    for (size_t i = 0; i < st->cap; i++)
+    for (size_t i = 0; i < st->cap; i++) {
         free(st->slots[i].ids);
+        free(st->slots[i].json);
+    }
     free(st->slots);
     free(st);
 }
@@ -68,20 +76,24 @@ uint64_t kvr_sim_resp_store_next_id(kvr_sim_resp_store *st, char id[KVR_SIM_RESP
     return c;
 }
 
-void kvr_sim_resp_store_put(kvr_sim_resp_store *st, uint64_t counter, uint32_t *ids, size_t n)
+void kvr_sim_resp_store_put(kvr_sim_resp_store *st, uint64_t counter, uint32_t *ids, size_t n,
+                            char *json)
 {
     /* Responses finish out of creation order; one whose slot already went to a newer response
      * is past the window and dropped, as it would have been had it finished in order. */
     slot *s = st->cap ? &st->slots[counter % st->cap] : NULL;
     if (!s || counter + st->cap <= st->next || (s->ids && s->counter > counter)) {
         free(ids);
+        free(json);
         return;
     }
-    if (s->ids)
+    if (s->ids) {
         free(s->ids);
-    else
+        free(s->json);
+    } else {
         st->count++;
-    *s = (slot){counter, ids, n};
+    }
+    *s = (slot){counter, ids, n, json};
 }
 
 /* The counter encoded in a well-formed id, or 0 (never issued). */
@@ -101,18 +113,45 @@ static uint64_t parse_counter(const char *id)
     return c;
 }
 
-const uint32_t *kvr_sim_resp_store_get(const kvr_sim_resp_store *st, const char *id, size_t *n)
+/* The slot holding `id`, or NULL. */
+static slot *find(const kvr_sim_resp_store *st, const char *id)
 {
     uint64_t c = parse_counter(id);
     if (!c || !st->cap)
         return NULL;
-    const slot *s = &st->slots[c % st->cap];
+    slot *s = &st->slots[c % st->cap];
     char want[KVR_SIM_RESP_ID_MAX];
     format_id(st, c, want);
     if (!s->ids || s->counter != c || strcmp(want, id) != 0)
         return NULL;
+    return s;
+}
+
+const uint32_t *kvr_sim_resp_store_get(const kvr_sim_resp_store *st, const char *id, size_t *n)
+{
+    const slot *s = find(st, id);
+    if (!s)
+        return NULL;
     *n = s->n;
     return s->ids;
+}
+
+const char *kvr_sim_resp_store_get_json(const kvr_sim_resp_store *st, const char *id)
+{
+    const slot *s = find(st, id);
+    return s ? s->json : NULL;
+}
+
+int kvr_sim_resp_store_delete(kvr_sim_resp_store *st, const char *id)
+{
+    slot *s = find(st, id);
+    if (!s)
+        return 0;
+    free(s->ids);
+    free(s->json);
+    *s = (slot){0};
+    st->count--;
+    return 1;
 }
 
 size_t kvr_sim_resp_store_count(const kvr_sim_resp_store *st)

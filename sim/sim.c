@@ -169,6 +169,7 @@ int kvr_sim_run(const kvr_sim_config *c)
         s.sigint.data = s.sigterm.data = &s;
         uv_signal_start(&s.sigint, on_signal, SIGINT);
         uv_signal_start(&s.sigterm, on_signal, SIGTERM);
+        kvr_sim_api_set_port(s.api, kvr_http_server_port(s.server));
         KVR_INFO("msg=\"kvroute-sim listening\" addr=%s:%d model=\"%s\" kv_blocks=%u "
                  "block_size=%u time_scale=%g kv_events=\"%s\"",
                  c->host, kvr_http_server_port(s.server), c->model, c->kv_blocks, c->block_size,

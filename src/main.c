@@ -265,6 +265,9 @@ int main(int argc, char **argv)
     uv_run(app->loop, UV_RUN_DEFAULT);
     uv_loop_close(app->loop);
     kvr_route_table_free(app->routes);
+    for (size_t i = 0; i < app->napi_workers; i++)
+        kvr_api_worker_free(&app->api_workers[i]);
+    free(app->api_workers);
     for (size_t i = 0; i < app->ndeparted; i++)
         kvr_worker_unref(app->departed[i]);
     free(app->departed);

@@ -1,4 +1,5 @@
-/* Admin endpoints: worker table and routing explanation. */
+/* Admin endpoints: dispatch, routes, reload and routing explanation (the /workers ones are
+ * workers_admin.c's). */
 #include "api/admin.h"
 
 #include <ctype.h>
@@ -9,6 +10,7 @@
 
 #include "app/reply.h"
 #include "api/validate.h"
+#include "api/workers_admin.h"
 #include "events/kvevents.h"
 #include "proxy/keys.h"
 #include "proxy/tokenize.h"
@@ -63,7 +65,7 @@ static int authorized(kvr_http_req *r)
     return diff == 0;
 }
 
-static void reply(kvr_http_req *r, int status, json_t *j)
+void kvr_admin_reply(kvr_http_req *r, int status, json_t *j)
 {
     char *s = json_dumps(j, JSON_COMPACT);
     json_decref(j);
@@ -72,93 +74,14 @@ static void reply(kvr_http_req *r, int status, json_t *j)
     free(s);
 }
 
-static void reply_error(kvr_http_req *r, int status, const char *msg,
-                        const kvr_http_header *h, size_t n)
+void kvr_admin_reply_error(kvr_http_req *r, int status, const char *msg,
+                           const kvr_http_header *h, size_t n)
 {
     kvr_buf b;
     kvr_buf_init(&b, 0);
     kvr_oai_error_json(&b, status, msg, NULL, NULL);
     kvr_http_resp_simple(r, status, "application/json", h, n, b.data, b.len);
     kvr_buf_free(&b);
-}
-
-/* The routes that target `w`, and what they learned about it, summed. */
-static json_t *worker_routes(kvr_app *app, const kvr_worker *w, kvr_policy_worker_stats *sum)
-{
-    json_t *names = json_array();
-    memset(sum, 0, sizeof(*sum));
-    for (size_t i = 0; i < app->routes->n; i++) {
-        kvr_route *rt = app->routes->routes[i];
-        if (!kvr_route_target_of(rt, w))
-            continue;
-        json_array_append_new(names, json_string(rt->name));
-        kvr_policy_worker_stats st;
-        kvr_route_worker_stats(rt, w, &st);
-        sum->index_blocks += st.index_blocks;
-        sum->sessions += st.sessions;
-        if (st.index_capacity > sum->index_capacity)
-            sum->index_capacity = st.index_capacity;
-    }
-    return names;
-}
-
-/* What lmcache_aware knows of `w`'s cache; null without an endpoint. */
-static json_t *worker_lmcache(const kvr_worker *w, uint64_t now)
-{
-    static const char *const states[] = {"neutral", "available", "unavailable"};
-    if (!w->lmcache_endpoint)
-        return json_null();
-    json_t *o = json_pack("{s:s,s:s}", "endpoint", w->lmcache_endpoint, "state",
-                          states[kvr_worker_lmcache(w, now)]);
-    int answered = w->lmcache_occupancy >= 0;
-    json_object_set_new(o, "occupancy", answered ? json_real(w->lmcache_occupancy) : json_null());
-    json_object_set_new(o, "cache_available",
-                        answered ? json_boolean(w->lmcache_available) : json_null());
-    json_object_set_new(o, "age_ms", answered && now >= w->lmcache_ok_ms
-                                         ? json_integer((json_int_t)(now - w->lmcache_ok_ms))
-                                         : json_null());
-    return o;
-}
-
-static void workers(kvr_app *app, kvr_http_req *r)
-{
-    uint64_t now = kvr_now_ms();
-    json_t *arr = json_array();
-    for (size_t i = 0; i < kvr_registry_count(app->reg); i++) {
-        kvr_worker *w = kvr_registry_at(app->reg, i);
-        kvr_policy_worker_stats st;
-        json_t *routes = worker_routes(app, w, &st);
-        json_t *o = json_pack("{s:s,s:s,s:f,s:b,s:b,s:s,s:b,s:I,s:I,s:I,s:I,s:I,s:f,s:f,s:f,s:I,"
-                              "s:o}",
-                              "url", w->url, "name", w->name, "weight", w->weight, "eligible",
-                              kvr_worker_eligible(w), "healthy", w->healthy, "breaker",
-                              kvr_breaker_state_name(w->breaker.state), "draining",
-                              w->draining, "inflight", (json_int_t)w->inflight, "requests",
-                              (json_int_t)w->requests, "index_blocks",
-                              (json_int_t)st.index_blocks, "index_capacity",
-                              (json_int_t)st.index_capacity, "sessions",
-                              (json_int_t)st.sessions, "queue", w->queue, "running", w->running,
-                              "kv_usage", w->kv_usage, "kv_tokens", (json_int_t)w->kv_tokens,
-                              "routes", routes);
-        json_object_set_new(o, "lmcache", worker_lmcache(w, now));
-        if (app->kv && kvr_kv_events_configured(app->kv, w->id)) {
-            kvr_kv_worker_stats ks;
-            kvr_kv_index_worker_stats(kvr_kv_events_index(app->kv), w->id, &ks);
-            json_object_set_new(o, "kv_events",
-                                json_string(kvr_kv_trust_name(kvr_kv_events_trust(app->kv, w->id))));
-            json_object_set_new(o, "kv_blocks",
-                                json_pack("{s:I,s:I,s:I,s:I}", "GPU", (json_int_t)ks.blocks[0],
-                                          "CPU", (json_int_t)ks.blocks[1], "speculative",
-                                          (json_int_t)ks.speculative, "block_size",
-                                          (json_int_t)ks.block_size));
-        } else {
-            json_object_set_new(o, "kv_events", json_null());
-        }
-        json_array_append_new(arr, o);
-    }
-    const char *policy = app->routes->n ? app->routes->routes[0]->ops->name
-                                        : app->cfg.route.policy;
-    reply(r, 200, json_pack("{s:s,s:o}", "policy", policy, "workers", arr));
 }
 
 static void routes(kvr_app *app, kvr_http_req *r)
@@ -189,73 +112,21 @@ static void routes(kvr_app *app, kvr_http_req *r)
                                              (json_int_t)ps.index_blocks, "sessions",
                                              (json_int_t)ps.sessions));
     }
-    reply(r, 200, json_pack("{s:I,s:o}", "generation", (json_int_t)app->generation, "routes",
-                            arr));
-}
-
-static int hexval(char c)
-{
-    return c >= '0' && c <= '9'   ? c - '0'
-           : c >= 'a' && c <= 'f' ? c - 'a' + 10
-           : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                  : -1;
-}
-
-/* Percent-decodes `n` bytes of a path segment (a worker named by its URL arrives encoded). */
-static int pct_decode(const char *s, size_t n, char *out, size_t cap)
-{
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++) {
-        char c = s[i];
-        if (c == '%' && i + 2 < n && hexval(s[i + 1]) >= 0 && hexval(s[i + 2]) >= 0) {
-            c = (char)(hexval(s[i + 1]) * 16 + hexval(s[i + 2]));
-            i += 2;
-        }
-        if (k + 1 >= cap || c == '\0')
-            return -1;
-        out[k++] = c;
-    }
-    out[k] = '\0';
-    return 0;
-}
-
-/* POST /workers/{name}/drain and /undrain. */
-static void drain(kvr_app *app, kvr_http_req *r, const char *rest)
-{
-    const char *slash = strrchr(rest, '/');
-    char name[2048];
-    int on = slash && strcmp(slash, "/drain") == 0;
-    if (!slash || (!on && strcmp(slash, "/undrain") != 0) ||
-        pct_decode(rest, (size_t)(slash - rest), name, sizeof(name)) < 0) {
-        reply_error(r, 404, "unknown admin path", NULL, 0);
-        return;
-    }
-    kvr_worker *w = kvr_registry_find_name(app->reg, name);
-    if (!w)
-        w = kvr_registry_find_url(app->reg, name);
-    if (!w) {
-        reply_error(r, 404, "no such worker", NULL, 0);
-        return;
-    }
-    if (w->draining != on)
-        KVR_INFO("msg=\"%s\" worker=%s inflight=%lld", on ? "worker draining" : "worker undrained",
-                 w->url, (long long)w->inflight);
-    w->draining = on;
-    reply(r, 200, json_pack("{s:s,s:s,s:b,s:I}", "name", w->name, "url", w->url, "draining",
-                            w->draining, "inflight", (json_int_t)w->inflight));
+    kvr_admin_reply(r, 200, json_pack("{s:I,s:o}", "generation", (json_int_t)app->generation,
+                                      "routes", arr));
 }
 
 static void reload(kvr_app *app, kvr_http_req *r)
 {
     kvr_errlist errs = {0};
     if (kvr_app_reload(app, &errs) == 0) {
-        reply(r, 200, json_pack("{s:s,s:I}", "result", "ok", "generation",
+        kvr_admin_reply(r, 200, json_pack("{s:s,s:I}", "result", "ok", "generation",
                                 (json_int_t)app->generation));
     } else {
         json_t *list = json_array();
         for (size_t i = 0; i < errs.n; i++)
             json_array_append_new(list, json_string(errs.msg[i]));
-        reply(r, 422, json_pack("{s:s,s:I,s:o}", "result", "error", "generation",
+        kvr_admin_reply(r, 422, json_pack("{s:s,s:I,s:o}", "result", "error", "generation",
                                 (json_int_t)app->generation, "errors", list));
     }
     kvr_errlist_free(&errs);
@@ -340,7 +211,7 @@ static void dbg_answer(dbg *d)
     size_t n = 0;
     if (kvr_route_explain(rt, &d->keys.k, d->pin, d->pin_len, &pick, &ex, &n) < 0) {
         dbg_free(d);
-        reply_error(r, 503, "no eligible worker", NULL, 0);
+        kvr_admin_reply_error(r, 503, "no eligible worker", NULL, 0);
         return;
     }
     json_t *rows = json_array();
@@ -365,7 +236,7 @@ static void dbg_answer(dbg *d)
                             "routing_text_bytes", (json_int_t)d->keys.k.text_len,
                             "prompt_tokens", (json_int_t)d->keys.k.ntokens, "workers", rows);
     dbg_free(d);
-    reply(r, 200, out);
+    kvr_admin_reply(r, 200, out);
 }
 
 static void dbg_tokens(void *ud, const uint32_t *ids, size_t n, kvr_tokenize_source src)
@@ -390,7 +261,7 @@ static void debug_route(kvr_app *app, kvr_http_req *r)
     const char *param = NULL;
     if (!j) {
         snprintf(msg, sizeof(msg), "invalid JSON body: %s", jerr.text);
-        reply_error(r, 400, msg, NULL, 0);
+        kvr_admin_reply_error(r, 400, msg, NULL, 0);
         return;
     }
     if (endpoint_of(r, j, &ep) < 0 || kvr_api_validate(j, ep, msg, sizeof(msg), &param)) {
@@ -398,13 +269,13 @@ static void debug_route(kvr_app *app, kvr_http_req *r)
             snprintf(msg, sizeof(msg),
                      "endpoint must be chat, completions, responses or messages");
         json_decref(j);
-        reply_error(r, 400, msg, NULL, 0);
+        kvr_admin_reply_error(r, 400, msg, NULL, 0);
         return;
     }
     kvr_route *rt = kvr_app_route(app, json_string_value(json_object_get(j, "model")));
     if (!rt) {
         json_decref(j);
-        reply_error(r, 404, "the body's model names no route", NULL, 0);
+        kvr_admin_reply_error(r, 404, "the body's model names no route", NULL, 0);
         return;
     }
     dbg *d = calloc(1, sizeof(*d));
@@ -415,7 +286,7 @@ static void debug_route(kvr_app *app, kvr_http_req *r)
         json_decref(j);
         if (d)
             dbg_free(d);
-        reply_error(r, 503, "out of memory", NULL, 0);
+        kvr_admin_reply_error(r, 503, "out of memory", NULL, 0);
         return;
     }
     json_decref(j);
@@ -437,20 +308,27 @@ static void debug_route(kvr_app *app, kvr_http_req *r)
     dbg_answer(d);
 }
 
-/* drain() takes the path rest after "/workers/"; the others ignore it. */
-static void drain_path(kvr_app *app, kvr_http_req *r)
+/* 1 when `method` is one of `allow` ("GET, POST"). */
+static int allowed(const char *allow, const char *method)
 {
-    drain(app, r, kvr_http_req_path(r) + 9);
+    size_t n = strlen(method);
+    for (const char *p = allow; (p = strstr(p, method)); p += n)
+        if ((p == allow || p[-1] == ' ') && (p[n] == ',' || p[n] == '\0'))
+            return 1;
+    return 0;
 }
 
 static const struct {
     const char *path;
-    int prefix;  /* 1: path is a prefix followed by a non-empty rest */
-    int post;    /* 1: POST only; 0: GET only */
+    int prefix;         /* 1: path is a prefix followed by a non-empty rest */
+    const char *allow;  /* its methods, as the Allow header lists them */
     void (*fn)(kvr_app *app, kvr_http_req *r);
 } admin_routes[] = {
-    {"/workers/", 1, 1, drain_path}, {"/workers", 0, 0, workers}, {"/routes", 0, 0, routes},
-    {"/reload", 0, 1, reload},       {"/debug/route", 0, 1, debug_route},
+    {"/workers/", 1, "POST, PATCH, DELETE", kvr_admin_worker},
+    {"/workers", 0, "GET, POST", kvr_admin_workers},
+    {"/routes", 0, "GET", routes},
+    {"/reload", 0, "POST", reload},
+    {"/debug/route", 0, "POST", debug_route},
 };
 
 void kvr_admin_handle(kvr_http_req *r, void *ud)
@@ -459,7 +337,7 @@ void kvr_admin_handle(kvr_http_req *r, void *ud)
     const char *path = kvr_http_req_path(r), *method = kvr_http_req_method(r);
     if (!authorized(r)) {
         kvr_http_header h = {"WWW-Authenticate", 16, "Bearer", 6};
-        reply_error(r, 401, "missing or wrong admin bearer token", &h, 1);
+        kvr_admin_reply_error(r, 401, "missing or wrong admin bearer token", &h, 1);
         return;
     }
     for (size_t i = 0; i < sizeof(admin_routes) / sizeof(admin_routes[0]); i++) {
@@ -469,14 +347,16 @@ void kvr_admin_handle(kvr_http_req *r, void *ud)
                         : strcmp(path, admin_routes[i].path) == 0;
         if (!match)
             continue;
-        const char *want = admin_routes[i].post ? "POST" : "GET";
-        if (strcmp(method, want) != 0) {
-            kvr_http_header allow = {"Allow", 5, want, strlen(want)};
-            reply_error(r, 405, admin_routes[i].post ? "use POST" : "use GET", &allow, 1);
+        const char *allow = admin_routes[i].allow;
+        if (!allowed(allow, method)) {
+            kvr_http_header h = {"Allow", 5, allow, strlen(allow)};
+            char msg[64];
+            snprintf(msg, sizeof(msg), "use %s", allow);
+            kvr_admin_reply_error(r, 405, msg, &h, 1);
             return;
         }
         admin_routes[i].fn(app, r);
         return;
     }
-    reply_error(r, 404, "unknown admin path", NULL, 0);
+    kvr_admin_reply_error(r, 404, "unknown admin path", NULL, 0);
 }

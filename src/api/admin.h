@@ -3,24 +3,23 @@
  * carry `Authorization: Bearer <token>` (401 otherwise). */
 #ifndef KVR_API_ADMIN_H
 #define KVR_API_ADMIN_H
+#include <jansson.h>
+
 #include "app/app.h"
 
 /** Loads the token (first line of the file, surrounding whitespace trimmed) when configured.
  *  Returns 0, or -1 with a message in `err` (cap bytes) when the file cannot be read or is
  *  empty. */
 int kvr_admin_load_token(kvr_app *app, char *err, size_t cap);
-/** The kvr_http_handler of the admin listener; `ud` is the kvr_app.
- *  GET /workers → {"policy", "workers":[{url, name, weight, eligible, healthy, breaker
- *  ("closed", "open" or "half_open"), draining,
- *  inflight, requests, index_blocks, index_capacity, sessions (summed over its routes), queue,
- *  running, kv_usage, kv_tokens, routes:[route names]}]}.
+/** The kvr_http_handler of the admin listener; `ud` is the kvr_app. 405 with Allow for a known
+ *  path and another method, 404 for an unknown path.
+ *  GET, POST /workers; DELETE, PATCH /workers/{name}; POST /workers/{name}/drain and
+ *  /undrain: api/workers_admin.h.
  *  GET /routes → {"generation", "routes":[{name, aliases, policy, index_blocks, sessions,
  *  targets:[{worker (name), url, model (upstream), weight, eligible, inflight, index_blocks,
  *  sessions}]}]}.
- *  POST /workers/{name}/drain, /workers/{name}/undrain (`name` percent-decoded; a URL works
- *  too) → {name, url, draining, inflight}; 404 for an unknown worker.
  *  POST /reload → 200 {"result":"ok","generation"} or 422 {"result":"error","errors":[...]}
- *  (nothing changed).
+ *  (nothing changed). A reload drops the workers added at run time.
  *  POST /debug/route (body = a request as a client would send it, headers = its headers;
  *  endpoint from `?endpoint=chat|completions|responses`, else guessed from the body's fields;
  *  the route from the body's `model`, 404 when none) → the decision kvroute would make now,
@@ -30,5 +29,11 @@ int kvr_admin_load_token(kvr_app *app, char *err, size_t cap);
  *  (every scorer) and `score` (their weighted sum), cost rows `prefill_pending_tokens`,
  *  `uncached_tokens`, `seconds_per_token` and `cost_s`. */
 void kvr_admin_handle(kvr_http_req *r, void *ud);
+
+/** Answers `r` with `status` and `j` (compact JSON; the reference is taken over). */
+void kvr_admin_reply(kvr_http_req *r, int status, json_t *j);
+/** Answers `r` with `status` and an OpenAI-style error `msg`, plus `n` extra headers. */
+void kvr_admin_reply_error(kvr_http_req *r, int status, const char *msg,
+                           const kvr_http_header *h, size_t n);
 
 #endif

@@ -1,9 +1,9 @@
 /* Data-plane dispatch by path, then method. */
 #include "api/router.h"
 
-#include <string.h>
-
+#include <ctype.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "api/auth.h"
 #include "api/ops.h"
@@ -12,22 +12,45 @@
 #include "proxy/proxy.h"
 #include "util/json_read.h"
 
-typedef enum {
-    R_CHAT, R_COMPLETIONS, R_RESPONSES, R_MESSAGES, R_COUNT_TOKENS, R_MODELS, R_HEALTHZ,
-    R_READYZ, R_METRICS
-} route;
+typedef enum { R_MODELS, R_HEALTHZ, R_READYZ, R_METRICS } route;
 
+/* GET/HEAD endpoints kvroute answers itself; the proxied ones are routing/keys.h's. */
 static const struct {
     const char *path;
     route r;
-    int post; /* 1: POST only; 0: GET/HEAD only */
 } routes[] = {
-    {"/v1/chat/completions", R_CHAT, 1}, {"/v1/completions", R_COMPLETIONS, 1},
-    {"/v1/responses", R_RESPONSES, 1},   {"/v1/messages", R_MESSAGES, 1},
-    {"/v1/messages/count_tokens", R_COUNT_TOKENS, 1}, {"/v1/models", R_MODELS, 0},
-    {"/healthz", R_HEALTHZ, 0},          {"/readyz", R_READYZ, 0},
-    {"/metrics", R_METRICS, 0},
+    {"/v1/models", R_MODELS},
+    {"/healthz", R_HEALTHZ},
+    {"/readyz", R_READYZ},
+    {"/metrics", R_METRICS},
 };
+
+#define RESPONSES_PREFIX "/v1/responses/"
+#define RESPONSES_PREFIX_LEN 14
+
+/* The `endpoint` label of paths that carry an id, or that no endpoint serves: a bounded set
+ * of values whatever clients send. NULL: the path itself (an endpoint's fixed path). */
+static const char *endpoint_label(const char *path)
+{
+    kvr_endpoint ep;
+    if (kvr_endpoint_find(path, &ep) == 0)
+        return NULL;
+    for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++)
+        if (strcmp(path, routes[i].path) == 0)
+            return NULL;
+    if (strncmp(path, "/v1/models/", 11) == 0)
+        return "/v1/models/{id}";
+    if (strncmp(path, RESPONSES_PREFIX, RESPONSES_PREFIX_LEN) == 0) {
+        const char *sub = strchr(path + RESPONSES_PREFIX_LEN, '/');
+        if (!sub)
+            return "/v1/responses/{id}";
+        if (strcmp(sub, "/cancel") == 0)
+            return "/v1/responses/{id}/cancel";
+        if (strcmp(sub, "/input_items") == 0)
+            return "/v1/responses/{id}/input_items";
+    }
+    return "other";
+}
 
 /* A proxied endpoint: parse and validate the body once, find the route its `model` names,
  * and hand the request to the proxy. */
@@ -51,7 +74,8 @@ static void proxied(kvr_app *app, kvr_http_req *r, kvr_endpoint ep)
         return;
     }
     const char *model = json_string_value(json_object_get(j, "model"));
-    kvr_route *route = kvr_app_route(app, model);
+    kvr_route *route = model ? kvr_app_route(app, model)
+                       : app->routes->n == 1 ? app->routes->routes[0] : NULL;
     if (!route && app->discovering && app->routes->n == 0) {
         /* Discovery has not succeeded yet: a temporary state, not an unknown model. */
         char ra[24];
@@ -61,6 +85,13 @@ static void proxied(kvr_app *app, kvr_http_req *r, kvr_endpoint ep)
         kvr_reply_error(app, r, NULL, 503,
                         "no model is known yet: no worker has answered /v1/models", NULL,
                         "no_eligible_worker", &h, 1);
+        return;
+    }
+    if (!route && !model) {
+        snprintf(msg, sizeof(msg), "you must provide a model parameter: kvroute serves %zu "
+                 "models", app->routes->n);
+        json_decref(j);
+        kvr_reply_error(app, r, NULL, 400, msg, "model", "invalid_value", NULL, 0);
         return;
     }
     if (!route) {
@@ -74,13 +105,64 @@ static void proxied(kvr_app *app, kvr_http_req *r, kvr_endpoint ep)
     json_decref(j);
 }
 
+/* A stored response's id as workers make them (OpenAI's "resp_…"): URL-safe characters
+ * only, so the path forwarded to the worker names exactly that resource. */
+static int response_id_ok(const char *id, size_t n)
+{
+    if (n == 0 || n > 256 || (id[0] == '.' && (n == 1 || (n == 2 && id[1] == '.'))))
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!isalnum((unsigned char)id[i]) && !strchr("-._~", id[i]))
+            return 0;
+    return 1;
+}
+
+/* GET and DELETE /v1/responses/{id}, POST /v1/responses/{id}/cancel, GET
+ * /v1/responses/{id}/input_items: to the worker that stored the response, found in the pins
+ * of every route since these requests name no model. */
+static void stored_response(kvr_app *app, kvr_http_req *r, const char *path,
+                            const char *method)
+{
+    const char *id = path + RESPONSES_PREFIX_LEN, *sub = strchr(id, '/');
+    size_t n = sub ? (size_t)(sub - id) : strlen(id);
+    const char *allow = !sub ? "GET, DELETE"
+                        : strcmp(sub, "/cancel") == 0 ? "POST"
+                        : strcmp(sub, "/input_items") == 0 ? "GET"
+                                                             : NULL;
+    if (!allow) {
+        kvr_reply_error(app, r, NULL, 404, "unknown path", NULL, "not_found", NULL, 0);
+        return;
+    }
+    if (!strstr(allow, method)) {
+        kvr_http_header h = {"Allow", 5, allow, strlen(allow)};
+        kvr_reply_error(app, r, NULL, 405, "method not allowed for this endpoint", NULL,
+                        "method_not_allowed", &h, 1);
+        return;
+    }
+    for (size_t i = 0; response_id_ok(id, n) && i < app->routes->n; i++) {
+        kvr_route *rt = app->routes->routes[i];
+        size_t wid;
+        kvr_worker *w;
+        if (kvr_route_find_response(rt, id, n, &wid) &&
+            (w = kvr_registry_get(app->reg, wid)) && kvr_route_target_of(rt, w)) {
+            kvr_proxy_forward_pinned(app, r, rt, w);
+            return;
+        }
+    }
+    char msg[320];
+    snprintf(msg, sizeof(msg), "Response with id '%.*s' not found.", (int)(n > 200 ? 200 : n),
+             id);
+    kvr_reply_error(app, r, NULL, 404, msg, NULL, NULL, NULL, 0);
+}
+
 /* Client keys guard every /v1/ path (and /metrics with --metrics-require-key); /healthz and /readyz
  * stay open for load balancers. Returns 1 when the request may go on (its tag then names the
  * key), 0 when it was answered 401. */
 static int authenticated(kvr_app *app, kvr_http_req *r, const char *path)
 {
     kvr_http_req_set_tag(r, "-");
-    int guarded = strncmp(path, "/v1/", 4) == 0 ||
+    kvr_endpoint ep;
+    int guarded = strncmp(path, "/v1/", 4) == 0 || kvr_endpoint_find(path, &ep) == 0 ||
                   (app->cfg.metrics_require_key && strcmp(path, "/metrics") == 0);
     if (!app->auth || !guarded)
         return 1;
@@ -106,36 +188,31 @@ void kvr_api_handle(kvr_http_req *r, void *ud)
 {
     kvr_app *app = ud;
     const char *path = kvr_http_req_path(r), *method = kvr_http_req_method(r);
+    kvr_http_req_set_endpoint(r, endpoint_label(path));
     if (!authenticated(app, r, path))
         return;
+    kvr_endpoint ep;
+    if (kvr_endpoint_find(path, &ep) == 0) {
+        if (strcmp(method, "POST") == 0) {
+            proxied(app, r, ep);
+            return;
+        }
+        kvr_http_header allow = {"Allow", 5, "POST", 4};
+        kvr_reply_error(app, r, NULL, 405, "method not allowed for this endpoint", NULL,
+                        "method_not_allowed", &allow, 1);
+        return;
+    }
+    int get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
     for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++) {
         if (strcmp(path, routes[i].path) != 0)
             continue;
-        int ok = routes[i].post ? strcmp(method, "POST") == 0
-                                : (strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0);
-        if (!ok) {
-            kvr_http_header allow = {"Allow", 5, routes[i].post ? "POST" : "GET, HEAD",
-                                     routes[i].post ? 4 : 9};
+        if (!get) {
+            kvr_http_header allow = {"Allow", 5, "GET, HEAD", 9};
             kvr_reply_error(app, r, NULL, 405, "method not allowed for this endpoint", NULL,
-                          "method_not_allowed", &allow, 1);
+                            "method_not_allowed", &allow, 1);
             return;
         }
         switch (routes[i].r) {
-        case R_CHAT:
-            proxied(app, r, KVR_EP_CHAT);
-            return;
-        case R_COMPLETIONS:
-            proxied(app, r, KVR_EP_COMPLETIONS);
-            return;
-        case R_RESPONSES:
-            proxied(app, r, KVR_EP_RESPONSES);
-            return;
-        case R_MESSAGES:
-            proxied(app, r, KVR_EP_MESSAGES);
-            return;
-        case R_COUNT_TOKENS:
-            proxied(app, r, KVR_EP_COUNT_TOKENS);
-            return;
         case R_MODELS:
             kvr_api_models(app, r);
             return;
@@ -150,10 +227,15 @@ void kvr_api_handle(kvr_http_req *r, void *ud)
             return;
         }
     }
-    if (strncmp(path, "/v1/models/", 11) == 0 &&
-        (strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0)) {
+    if (strncmp(path, "/v1/models/", 11) == 0 && get) {
         kvr_api_model(app, r, path + 11);
         return;
     }
+    if (strncmp(path, RESPONSES_PREFIX, RESPONSES_PREFIX_LEN) == 0) {
+        stored_response(app, r, path, method);
+        return;
+    }
+    /* Unknown paths, /v1/ ones included, are never forwarded: a worker may serve more than
+     * kvroute can route or guard. */
     kvr_reply_error(app, r, NULL, 404, "unknown path", NULL, "not_found", NULL, 0);
 }

@@ -9,13 +9,19 @@
 #include "routing/keys.h"
 
 /** Returns 0 when `body` is acceptable for `ep`; else writes a message into `msg` (cap bytes),
- *  points `*param` at the offending field name (static string) and returns 400.
- *  Checks: a JSON object; `model` present and a string; chat: `messages` a non-empty array of
- *  objects with a string `role`; completions: `prompt` a string, an array of strings, an
- *  array of token ids or an array of token-id arrays; responses: `input` (when present) a
- *  string or an array; messages and count_tokens (Anthropic): `messages` as for chat,
- *  `system` (when present) a string or an array, `tools` (when present) an array; `stream`,
- *  when present, a boolean. */
+ *  points `*param` at the offending field name (static string; NULL when the body is not an
+ *  object) and returns 400.
+ *  Checks: a JSON object; `model` a string, present except for tokenize and detokenize;
+ *  `stream`, when present, a boolean; then what routing reads:
+ *  chat: `messages` a non-empty array of objects with a string `role`;
+ *  messages and count_tokens (Anthropic): `system` (when present) a string or an array,
+ *  `tools` (when present) an array, then `messages` as for chat;
+ *  completions: `prompt` a string, an array of strings, an array of token ids or an array of
+ *  token-id arrays (a "prompt form"); responses: `input` (when present) a string or an array;
+ *  embeddings, pooling, classify: `input` in a prompt form, or `messages` as for chat;
+ *  tokenize: `prompt` in a prompt form, or `messages`; detokenize: `tokens` an array of
+ *  token ids; rerank: `query` and `documents`, score: `text_1` and `text_2` when present,
+ *  each a string, an array or an object. */
 int kvr_api_validate(const json_t *body, kvr_endpoint ep, char *msg, size_t cap,
                      const char **param);
 

@@ -56,6 +56,22 @@ typedef struct kvr_app_metrics {
     kvr_metric *tokenize;          /**< kvroute_tokenize_total{model,source} */
 } kvr_app_metrics;
 
+/** A worker added at run time (POST /workers). The fleet is built from the configuration plus
+ *  these, until the next reload or restart drops them (they are not written anywhere). */
+typedef struct kvr_api_worker {
+    char *url;            /**< base URL (owned) */
+    char *name;           /**< its name (owned; the URL unless given) */
+    double weight;        /**< > 0 (1) */
+    kvr_worker_role role; /**< stored on the worker */
+    char **routes;        /**< route names (or aliases) it is a target of (owned), when
+                               routes_set; else the routes whose model it lists */
+    size_t nroutes;
+    int routes_set;
+} kvr_api_worker;
+
+/** Frees what `aw` owns (not `aw` itself). */
+void kvr_api_worker_free(kvr_api_worker *aw);
+
 /** The process-wide state. */
 typedef struct kvr_app {
     uv_loop_t *loop;
@@ -73,6 +89,8 @@ typedef struct kvr_app {
     kvr_metrics *metrics;
     kvr_app_metrics m;
     kvr_route_table *routes;             /**< the current routes (swapped by reloads) */
+    kvr_api_worker *api_workers;         /**< workers added at run time (POST /workers) */
+    size_t napi_workers;
     int discovering;                     /**< routes come from the workers' /v1/models */
     uint64_t generation;                 /**< +1 per applied reload */
     kvr_worker **departed;               /**< workers a reload removed, referenced until their
@@ -94,23 +112,48 @@ typedef struct kvr_app {
 /** Registers kvroute's metric families in app->metrics (which must exist). */
 void kvr_app_metrics_init(kvr_app *app);
 
-/** Builds (or rebuilds) the fleet from `c`: registers its workers (a worker whose URL is
- *  already registered is kept with its load, health and learned state; its name and weight
- *  are updated), removes the workers `c` no longer has (each finishes its requests), and
- *  makes the routes: the file's, else one route `--model` over every worker, else one per
- *  model the workers list (discovery). A route keeps what it learned when its name and
- *  policy survive. Returns 0, or -1 with messages in `errs` (nothing changed then). `c` must
- *  outlive the next call (discovery rebuilds from it): the app keeps it as app->live. */
+/** Builds (or rebuilds) the fleet from `c` and the workers added at run time: registers them
+ *  (a worker whose URL is already registered is kept with its load, health and learned state;
+ *  its name and weight are updated), removes the workers neither has (each finishes its
+ *  requests), and makes the routes (kvr_app_build_routes). Returns 0, or -1 with messages in
+ *  `errs` (nothing changed then). `c` must outlive the next call (discovery rebuilds from it):
+ *  the app keeps it as app->live. */
 int kvr_app_apply(kvr_app *app, kvr_config *c, kvr_errlist *errs);
 
 /** Re-reads the config file and the command line and applies them (SIGHUP, POST /reload).
- *  A configuration that fails validation changes nothing. Counts
+ *  Workers added at run time are dropped (the new configuration is the whole fleet); a
+ *  configuration that fails validation changes nothing, those workers included. Counts
  *  kvroute_config_reloads_total{result} and kvroute_config_generation; logs every error and
  *  every changed setting that needs a restart. Returns 0, or -1 with the errors in `errs`. */
 int kvr_app_reload(kvr_app *app, kvr_errlist *errs);
 
 /** Rebuilds the discovered routes from the workers' current model lists (discovery). */
 void kvr_app_rediscover(kvr_app *app);
+
+/** Makes the routes from `c` and the registered workers (those added at run time included)
+ *  and swaps them in (requests in progress keep theirs): the file's routes, else one route
+ *  `--model` over every worker, else one per model the workers list. A route keeps what it
+ *  learned when its name and policy survive. Call again with app->live when the fleet
+ *  changed (a worker's weight, a worker added or removed). Returns 0, or -1 with messages in
+ *  `errs` (the routes then unchanged). */
+int kvr_app_build_routes(kvr_app *app, const kvr_config *c, kvr_errlist *errs);
+
+/** Adds worker `aw` (copied) at run time: registers it (role set; `models`, `nmodels` ids,
+ *  may be NULL, as its /v1/models list) and rebuilds the routes keeping what they learned.
+ *  Its targets: the routes `aw` names; else, with --model, that one route (as any --worker);
+ *  else the routes whose name, alias or target model its list holds (a discovered route is
+ *  a model it lists). The caller checked that its URL and name are free. Returns the worker,
+ *  or NULL with messages in `errs` (nothing changed). */
+kvr_worker *kvr_app_add_worker(kvr_app *app, const kvr_api_worker *aw,
+                               const char *const *models, size_t nmodels, kvr_errlist *errs);
+
+/** Removes worker `w`, added at run time, as a reload removes one: it leaves the registry and
+ *  the routes at once (never eligible again; what was learned about it forgotten) and its
+ *  requests in flight finish. Returns 0, or -1 when `w` was not added at run time. */
+int kvr_app_remove_worker(kvr_app *app, kvr_worker *w);
+
+/** The run-time entry of `w`, or NULL for a configured worker. */
+kvr_api_worker *kvr_app_api_worker(const kvr_app *app, const kvr_worker *w);
 
 /** The route a client's `model` names (name or alias), or NULL. Borrowed: take a reference
  *  (kvr_route_ref) to keep it past the current loop callback. */

@@ -1,5 +1,6 @@
-/* Building the fleet (workers and routes) from a configuration, at start, on reload and when
- * discovery sees a worker's model list change. */
+/* Building the fleet from a configuration, at start, on reload, when discovery sees a worker's
+ * model list change and when the admin port adds or removes a worker (the routes themselves:
+ * routes.c). */
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,135 +21,6 @@ static int in_config(const kvr_config *c, const kvr_worker *w)
     for (size_t i = 0; i < c->nworkers; i++)
         if (strcmp(c->workers[i].url, w->url) == 0)
             return 1;
-    return 0;
-}
-
-static kvr_worker *find_worker(const kvr_app *app, const char *name)
-{
-    kvr_worker *w = kvr_registry_find_name(app->reg, name);
-    return w ? w : kvr_registry_find_url(app->reg, name);
-}
-
-static void route_def(const kvr_route_cfg *rc, kvr_route_def *d, const char *name)
-{
-    *d = (kvr_route_def){
-        .name = name,
-        .ops = kvr_policy_find(rc->policy),
-        .cfg = &rc->p,
-        .response_pins = rc->p.max_sessions,
-        .response_pin_ttl_ms = rc->p.session_ttl_s * 1000,
-    };
-}
-
-/* Makes one route; `prev` is the route of that name being replaced (state kept). */
-static int add_route(kvr_app *app, kvr_route_table *t, const kvr_route_def *d,
-                     kvr_errlist *errs)
-{
-    kvr_route *prev = kvr_route_table_find(app->routes, d->name);
-    if (prev && strcmp(prev->name, d->name) != 0)
-        prev = NULL; /* found by an alias: another route */
-    kvr_route *r = kvr_route_new(d, prev);
-    if (!r) {
-        kvr_errlist_add(errs, "route '%s': out of memory", d->name);
-        return -1;
-    }
-    kvr_route_table_add(t, r);
-    return 0;
-}
-
-static int build_file_routes(kvr_app *app, const kvr_config *c, kvr_route_table *t,
-                             kvr_errlist *errs)
-{
-    int rc = 0;
-    for (size_t i = 0; i < c->nroutes && rc == 0; i++) {
-        const kvr_route_spec *rs = &c->routes[i];
-        kvr_route_target *tg = calloc(rs->ntargets ? rs->ntargets : 1, sizeof(*tg));
-        if (!tg) {
-            kvr_errlist_add(errs, "out of memory");
-            return -1;
-        }
-        for (size_t k = 0; k < rs->ntargets; k++) {
-            kvr_worker *w = find_worker(app, rs->targets[k].worker);
-            tg[k] = (kvr_route_target){w, (char *)rs->targets[k].model,
-                                       rs->targets[k].weight > 0 ? rs->targets[k].weight
-                                       : w ? w->weight : 1};
-            if (!w) {
-                kvr_errlist_add(errs, "route '%s': unknown worker '%s'", rs->name,
-                                rs->targets[k].worker);
-                rc = -1;
-            }
-        }
-        kvr_route_def d;
-        route_def(&rs->cfg, &d, rs->name);
-        d.aliases = rs->aliases;
-        d.naliases = rs->naliases;
-        d.targets = tg;
-        d.ntargets = rs->ntargets;
-        if (rc == 0)
-            rc = add_route(app, t, &d, errs);
-        free(tg);
-    }
-    return rc;
-}
-
-/* One route over every worker (--model), or one per listed model (discovery). */
-static int build_cli_routes(kvr_app *app, const kvr_config *c, kvr_route_table *t,
-                            kvr_errlist *errs)
-{
-    size_t nw = kvr_registry_count(app->reg);
-    kvr_route_target *tg = calloc(nw ? nw : 1, sizeof(*tg));
-    if (!tg) {
-        kvr_errlist_add(errs, "out of memory");
-        return -1;
-    }
-    int rc = 0;
-    kvr_route_def d;
-    if (c->model) {
-        for (size_t i = 0; i < nw; i++) {
-            kvr_worker *w = kvr_registry_at(app->reg, i);
-            tg[i] = (kvr_route_target){w, NULL, w->weight};
-        }
-        route_def(&c->route, &d, c->model);
-        d.targets = tg;
-        d.ntargets = nw;
-        rc = add_route(app, t, &d, errs);
-    } else {
-        /* Each model once, in the order the workers list them. */
-        for (size_t i = 0; i < nw && rc == 0; i++) {
-            kvr_worker *wi = kvr_registry_at(app->reg, i);
-            for (size_t m = 0; m < wi->nmodels && rc == 0; m++) {
-                const char *model = wi->models[m];
-                if (kvr_route_table_find(t, model))
-                    continue;
-                size_t n = 0;
-                for (size_t j = 0; j < nw; j++) {
-                    kvr_worker *w = kvr_registry_at(app->reg, j);
-                    if (kvr_worker_lists(w, model))
-                        tg[n++] = (kvr_route_target){w, NULL, w->weight};
-                }
-                route_def(&c->route, &d, model);
-                d.targets = tg;
-                d.ntargets = n;
-                rc = add_route(app, t, &d, errs);
-            }
-        }
-    }
-    free(tg);
-    return rc;
-}
-
-static int build_routes(kvr_app *app, const kvr_config *c, kvr_errlist *errs)
-{
-    kvr_route_table *t = kvr_route_table_new();
-    int rc = c->nroutes ? build_file_routes(app, c, t, errs) : build_cli_routes(app, c, t, errs);
-    if (rc < 0) {
-        kvr_route_table_free(t);
-        return -1;
-    }
-    /* Requests in progress hold their own references: swapping cuts nothing. */
-    kvr_route_table *old = app->routes;
-    app->routes = t;
-    kvr_route_table_free(old);
     return 0;
 }
 
@@ -174,6 +46,83 @@ static int readd_departed(kvr_app *app, const kvr_worker_spec *ws)
         return 1;
     }
     return 0;
+}
+
+/* `w` leaves the fleet: out of the registry at once (its name is free again), what was
+ * learned about it forgotten; it lives on, counted, until its requests in flight end. */
+static void retire(kvr_app *app, kvr_worker *w)
+{
+    KVR_INFO("msg=\"worker removed\" worker=%s inflight=%lld", w->url, (long long)w->inflight);
+    kvr_app_forget_worker(app, w);
+    if (app->kv)
+        kvr_kv_events_drop(app->kv, w);
+    kvr_app_depart(app, w);
+    kvr_registry_remove(app->reg, w);
+}
+
+/* Retires the registered workers that neither `c` nor the run-time list has, first, so their
+ * names are free for new ones; their requests finish on the routes that still reference
+ * them. Returns them, referenced (unref once the routes are rebuilt), or NULL (out of
+ * memory; nothing changed). */
+static kvr_worker **drop_gone(kvr_app *app, const kvr_config *c, size_t *ngone)
+{
+    kvr_worker **gone = calloc(kvr_registry_count(app->reg) + 1, sizeof(*gone));
+    *ngone = 0;
+    if (!gone)
+        return NULL;
+    for (size_t i = 0; i < kvr_registry_count(app->reg); i++) {
+        kvr_worker *w = kvr_registry_at(app->reg, i);
+        if (!in_config(c, w) && !kvr_app_api_worker(app, w)) {
+            kvr_worker_ref(w);
+            gone[(*ngone)++] = w;
+        }
+    }
+    for (size_t i = 0; i < *ngone; i++)
+        retire(app, gone[i]);
+    return gone;
+}
+
+static void unref_all(kvr_worker **ws, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        kvr_worker_unref(ws[i]);
+    free(ws);
+}
+
+/* Registers the worker `ws` describes, or updates the one registered at its URL (name and
+ * weight; its load, health and learned state kept). Returns it, or NULL with an error. */
+static kvr_worker *sync_worker(kvr_app *app, const kvr_worker_spec *ws, kvr_errlist *errs)
+{
+    kvr_worker *w = kvr_registry_find_url(app->reg, ws->url);
+    if (w) {
+        if (strcmp(w->name, ws->name) != 0) {
+            char *n = strdup(ws->name);
+            if (n) {
+                free(w->name);
+                w->name = n;
+            }
+        }
+        w->weight = ws->weight > 0 ? ws->weight : 1;
+    } else if (readd_departed(app, ws)) {
+        w = kvr_registry_find_url(app->reg, ws->url);
+        KVR_INFO("msg=\"worker restored\" worker=%s", ws->url);
+    } else if (!(w = kvr_registry_add(app->reg, ws->url, ws->name, ws->weight))) {
+        kvr_errlist_add(errs, "worker '%s': cannot add it (malformed URL or duplicate)",
+                        ws->url);
+    } else if (app->routes) {
+        KVR_INFO("msg=\"worker added\" worker=%s", ws->url);
+    }
+    return w;
+}
+
+/* A worker added at run time is a worker spec without keys, KV events or LMCache. */
+static kvr_worker *sync_api_worker(kvr_app *app, const kvr_api_worker *aw, kvr_errlist *errs)
+{
+    kvr_worker_spec ws = {.url = aw->url, .name = aw->name, .weight = aw->weight};
+    kvr_worker *w = sync_worker(app, &ws, errs);
+    if (w)
+        w->role = aw->role;
+    return w;
 }
 
 /* A worker's own key: the first line of api_key_file (trimmed), or api_key_env's value.
@@ -285,54 +234,19 @@ int kvr_app_apply(kvr_app *app, kvr_config *c, kvr_errlist *errs)
     app->ratelimits = kvr_ratelimits_new(c->rate_limits, c->nrate_limits);
     if (app->admission)
         kvr_admission_set_max(app->admission, c->max_queue);
-    /* Workers the new configuration drops leave the registry first, so their names are free
-     * for the new ones; their requests finish on the routes that still reference them. */
-    kvr_worker **gone = calloc(kvr_registry_count(app->reg) + 1, sizeof(*gone));
+    size_t ngone;
+    kvr_worker **gone = drop_gone(app, c, &ngone);
     if (!gone) {
         kvr_errlist_add(errs, "out of memory");
         return -1;
     }
-    size_t ngone = 0;
-    for (size_t i = 0; i < kvr_registry_count(app->reg); i++) {
-        kvr_worker *w = kvr_registry_at(app->reg, i);
-        if (!in_config(c, w)) {
-            kvr_worker_ref(w);
-            gone[ngone++] = w;
-        }
-    }
-    for (size_t i = 0; i < ngone; i++) {
-        KVR_INFO("msg=\"worker removed\" worker=%s inflight=%lld", gone[i]->url,
-                 (long long)gone[i]->inflight);
-        kvr_app_forget_worker(app, gone[i]);
-        if (app->kv)
-            kvr_kv_events_drop(app->kv, gone[i]);
-        kvr_app_depart(app, gone[i]);
-        kvr_registry_remove(app->reg, gone[i]);
-    }
     for (size_t i = 0; i < c->nworkers; i++) {
         const kvr_worker_spec *ws = &c->workers[i];
-        kvr_worker *w = kvr_registry_find_url(app->reg, ws->url);
-        if (w) {
-            if (strcmp(w->name, ws->name) != 0) {
-                char *n = strdup(ws->name);
-                if (n) {
-                    free(w->name);
-                    w->name = n;
-                }
-            }
-            w->weight = ws->weight > 0 ? ws->weight : 1;
-        } else if (readd_departed(app, ws)) {
-            w = kvr_registry_find_url(app->reg, ws->url);
-            KVR_INFO("msg=\"worker restored\" worker=%s", ws->url);
-        } else if (!(w = kvr_registry_add(app->reg, ws->url, ws->name, ws->weight))) {
-            kvr_errlist_add(errs, "worker '%s': cannot add it (malformed URL or duplicate)",
-                            ws->url);
-        } else if (app->routes) {
-            KVR_INFO("msg=\"worker added\" worker=%s", ws->url);
-        }
+        kvr_worker *w = sync_worker(app, ws, errs);
         if (w) {
             kvr_worker_set_api_key(w, ext.keys[i]);
             w->max_inflight = ws->max_inflight;
+            w->role = KVR_ROLE_BOTH;
             kvr_kv_events_spec kv = {ws->kv_endpoint, ws->kv_replay_endpoint, ws->kv_topic};
             if (app->kv && kvr_kv_events_configure(app->kv, w, ws->kv_endpoint ? &kv : NULL) < 0)
                 KVR_ERROR("msg=\"KV-event endpoint refused\" worker=%s endpoint=%s", w->url,
@@ -342,24 +256,82 @@ int kvr_app_apply(kvr_app *app, kvr_config *c, kvr_errlist *errs)
                 kvr_metric_remove_matching(app->m.lmcache_occupancy, "worker", w->url);
         }
     }
+    for (size_t i = 0; i < app->napi_workers; i++)
+        sync_api_worker(app, &app->api_workers[i], errs);
     loaded_free(&ext, c->nworkers);
     app->discovering = c->nroutes == 0 && !c->model;
     app->wctx.discover = app->discovering;
-    int rc = errs->n ? -1 : build_routes(app, c, errs);
-    for (size_t i = 0; i < ngone; i++)
-        kvr_worker_unref(gone[i]);
-    free(gone);
+    int rc = errs->n ? -1 : kvr_app_build_routes(app, c, errs);
+    unref_all(gone, ngone);
     if (rc == 0)
         app->live = c;
     return rc;
 }
 
+kvr_worker *kvr_app_add_worker(kvr_app *app, const kvr_api_worker *aw,
+                               const char *const *models, size_t nmodels, kvr_errlist *errs)
+{
+    kvr_api_worker *list = realloc(app->api_workers, (app->napi_workers + 1) * sizeof(*list));
+    if (!list) {
+        kvr_errlist_add(errs, "out of memory");
+        return NULL;
+    }
+    app->api_workers = list;
+    kvr_api_worker *cp = &list[app->napi_workers];
+    *cp = (kvr_api_worker){.url = strdup(aw->url), .name = strdup(aw->name),
+                           .weight = aw->weight > 0 ? aw->weight : 1, .role = aw->role,
+                           .routes = calloc(aw->nroutes + 1, sizeof(char *)),
+                           .routes_set = aw->routes_set};
+    int oom = !cp->url || !cp->name || !cp->routes;
+    for (size_t i = 0; !oom && i < aw->nroutes; i++)
+        oom = !(cp->routes[cp->nroutes++] = strdup(aw->routes[i]));
+    kvr_worker *w = NULL;
+    if (oom)
+        kvr_errlist_add(errs, "out of memory");
+    else
+        app->napi_workers++;
+    if (!oom && (w = sync_api_worker(app, cp, errs))) {
+        if (models)
+            kvr_worker_set_models(w, models, nmodels);
+        if (kvr_app_build_routes(app, app->live, errs) == 0) {
+            KVR_INFO("msg=\"worker added at run time\" worker=%s name=%s routes=%zu", w->url,
+                     w->name, cp->nroutes);
+            return w;
+        }
+        kvr_worker_ref(w);
+        kvr_registry_remove(app->reg, w); /* unknown to any route: nothing else to undo */
+        kvr_worker_unref(w);
+    }
+    if (!oom)
+        app->napi_workers--;
+    kvr_api_worker_free(cp);
+    return NULL;
+}
+
+int kvr_app_remove_worker(kvr_app *app, kvr_worker *w)
+{
+    kvr_api_worker *aw = kvr_app_api_worker(app, w);
+    if (!aw)
+        return -1;
+    kvr_api_worker_free(aw);
+    *aw = app->api_workers[--app->napi_workers];
+    kvr_worker_ref(w);
+    retire(app, w);
+    kvr_errlist errs = {0};
+    if (kvr_app_build_routes(app, app->live, &errs) < 0)
+        KVR_WARN("msg=\"rebuilding routes failed; the removed worker stays a target until the "
+                 "next change\" error=\"%s\"", errs.n ? errs.msg[0] : "");
+    kvr_errlist_free(&errs);
+    kvr_worker_unref(w);
+    return 0;
+}
+
 void kvr_app_rediscover(kvr_app *app)
 {
-    if (!app->discovering || !app->live)
+    if (!app->discovering)
         return;
     kvr_errlist errs = {0};
-    if (build_routes(app, app->live, &errs) < 0)
+    if (app->live && kvr_app_build_routes(app, app->live, &errs) < 0)
         KVR_WARN("msg=\"rebuilding discovered routes failed\" error=\"%s\"",
                  errs.n ? errs.msg[0] : "");
     kvr_errlist_free(&errs);
@@ -398,8 +370,21 @@ int kvr_app_reload(kvr_app *app, kvr_errlist *errs)
     kvr_config_default(c);
     int rc = kvr_config_load(c, app->argc, app->argv, errs);
     kvr_config *prev = app->live;
+    /* The configuration is the whole fleet again: workers added at run time go. */
+    kvr_api_worker *api = app->api_workers;
+    size_t napi = app->napi_workers;
+    app->api_workers = NULL;
+    app->napi_workers = 0;
     if (rc == 0)
         rc = kvr_app_apply(app, c, errs);
+    if (rc != 0) {
+        app->api_workers = api;
+        app->napi_workers = napi;
+    } else {
+        for (size_t i = 0; i < napi; i++)
+            kvr_api_worker_free(&api[i]);
+        free(api);
+    }
     if (rc != 0) {
         for (size_t i = 0; i < errs->n; i++)
             KVR_WARN("msg=\"reload refused\" error=\"%s\"", errs->msg[i]);

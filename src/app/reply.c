@@ -10,7 +10,7 @@ void kvr_reply_count(kvr_app *app, kvr_http_req *r, const char *model, int statu
 {
     char code[8];
     snprintf(code, sizeof(code), "%d", status);
-    const char *path = kvr_http_req_path(r);
+    const char *path = kvr_http_req_endpoint(r);
     const char *key = kvr_http_req_tag(r);
     const char *lv[] = {model ? model : "", path, code, key ? key : "-"};
     kvr_metric_inc(app->m.requests, lv, 1);

@@ -366,8 +366,7 @@ static void where(const kvr_config *c, int line, int col, char *out, size_t cap)
         snprintf(out, cap, "command line");
 }
 
-/* An http:// URL with a host: the only scheme the upstream client serves to workers. */
-static int url_ok(const char *u)
+int kvr_config_url_ok(const char *u)
 {
     if (strncmp(u, "http://", 7) != 0)
         return 0;
@@ -397,8 +396,7 @@ static int url_ok(const char *u)
     return 1;
 }
 
-/* URLs that differ only by trailing slashes name the same endpoint. */
-static int same_url(const char *a, const char *b)
+int kvr_config_same_url(const char *a, const char *b)
 {
     size_t la = strlen(a), lb = strlen(b);
     while (la && a[la - 1] == '/')
@@ -485,15 +483,15 @@ static void check_workers(const kvr_config *c, kvr_errlist *errs)
     for (size_t i = 0; i < c->nworkers; i++) {
         const kvr_worker_spec *w = &c->workers[i];
         where(c, w->line, w->col, at, sizeof(at));
-        if (!url_ok(w->url))
+        if (!kvr_config_url_ok(w->url))
             kvr_errlist_add(errs, "%s: worker URL '%s' is malformed (expected http://HOST[:PORT])",
                             at, w->url);
-        if (w->lmcache_endpoint && !url_ok(w->lmcache_endpoint))
+        if (w->lmcache_endpoint && !kvr_config_url_ok(w->lmcache_endpoint))
             kvr_errlist_add(errs, "%s: worker '%s': LMCache endpoint '%s' is malformed (expected "
                             "http://HOST[:PORT]/PATH)", at, w->name, w->lmcache_endpoint);
         for (size_t j = 0; j < i; j++) {
             const kvr_worker_spec *o = &c->workers[j];
-            if (same_url(o->url, w->url))
+            if (kvr_config_same_url(o->url, w->url))
                 kvr_errlist_add(errs, "%s: duplicate worker URL '%s'", at, w->url);
             else if (strcmp(o->name, w->name) == 0)
                 kvr_errlist_add(errs, "%s: duplicate worker name '%s'", at, w->name);
@@ -522,7 +520,8 @@ static void check_kv_events(kvr_config *c, kvr_errlist *errs)
         const char *comma = strchr(eq + 1, ',');
         kvr_worker_spec *w = NULL;
         for (size_t j = 0; j < c->nworkers && !w; j++)
-            if (same_url(c->workers[j].url, url) || strcmp(c->workers[j].name, url) == 0)
+            if (kvr_config_same_url(c->workers[j].url, url) ||
+                strcmp(c->workers[j].name, url) == 0)
                 w = &c->workers[j];
         if (!w) {
             kvr_errlist_add(errs, "--kv-events %s: no worker '%s'", a, url);

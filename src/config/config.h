@@ -191,6 +191,12 @@ void kvr_config_free(kvr_config *c);
  *  line" for FILE). Written into `out` (cap bytes). */
 void kvr_config_summary(const kvr_config *c, char *out, size_t cap);
 
+/** 1 when `u` is a worker base URL kvroute can use: http:// with a host and, if any, a port
+ *  in 1..65535, no blanks or control bytes (the upstream client serves no other scheme). */
+int kvr_config_url_ok(const char *u);
+/** 1 when URLs `a` and `b` differ at most by trailing slashes: the same worker. */
+int kvr_config_same_url(const char *a, const char *b);
+
 /** Prints the flag reference (name, default, help) to `f` (a FILE *). */
 void kvr_config_usage(void *file);
 

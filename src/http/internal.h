@@ -65,6 +65,7 @@ typedef struct kvr_http_hoff {
 struct kvr_http_req {
     kvr_http_conn *conn;
     const char *tag;    /**< the handler's label for this request (kvr_http_req_set_tag) */
+    const char *endpoint; /**< its endpoint label (kvr_http_req_set_endpoint), NULL = path */
     /* Request (filled while parsing, read-only for the handler). */
     kvr_buf hbuf; /**< target, names and values, each NUL-terminated; target at offset 0 */
     kvr_http_hoff *offs;

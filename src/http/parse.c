@@ -65,6 +65,7 @@ void kvr_http__parse_reset(kvr_http_conn *c)
     memset(&r->cbs, 0, sizeof(r->cbs));
     r->cbs_ud = NULL;
     r->tag = NULL;
+    r->endpoint = NULL;
     r->gone = r->gone_told = r->started = r->want_drain = 0;
     r->framing = KVR_HTTP_F_NONE;
     r->close_after = 0;

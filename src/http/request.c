@@ -41,6 +41,16 @@ const char *kvr_http_req_tag(const kvr_http_req *r)
     return r->tag;
 }
 
+void kvr_http_req_set_endpoint(kvr_http_req *r, const char *endpoint)
+{
+    r->endpoint = endpoint;
+}
+
+const char *kvr_http_req_endpoint(const kvr_http_req *r)
+{
+    return r->endpoint ? r->endpoint : kvr_http_req_path(r);
+}
+
 void kvr_http_req_release_body(kvr_http_req *r)
 {
     if (r->conn && r->conn->srv)

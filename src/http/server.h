@@ -107,6 +107,11 @@ const char *kvr_http_req_body(const kvr_http_req *r, size_t *len);
  *  string is borrowed and must outlive the request. NULL until set; reset per request. */
 void kvr_http_req_set_tag(kvr_http_req *r, const char *tag);
 const char *kvr_http_req_tag(const kvr_http_req *r);
+/** The request's endpoint for metric labels: a path template such as "/v1/responses/{id}",
+ *  so that ids in paths never become label values (borrowed; must outlive the request).
+ *  kvr_http_req_endpoint() returns it, or the path until one is set; reset per request. */
+void kvr_http_req_set_endpoint(kvr_http_req *r, const char *endpoint);
+const char *kvr_http_req_endpoint(const kvr_http_req *r);
 /** Frees the body now (it then reads as empty) and returns its bytes to the
  *  max_total_body_bytes budget: for a handler that no longer needs it while the response is
  *  still running (a proxied request once its worker answered). */

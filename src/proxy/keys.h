@@ -30,11 +30,11 @@ int kvr_request_keys_build(kvr_app *app, const kvr_route *route, const json_t *b
 /** Asks for the prompt's token ids of request `r` (a validated `ep` request for `route`,
  *  whose keys `rk` are built), the way the precise policy needs them (proxy/tokenize.h): the
  *  route's least loaded eligible worker tokenizes, with its target's model name; the routing
- *  text keys the cache. Returns 0 when nothing can be asked (no eligible worker, a Responses
- *  API or Messages request, no tokenizer, or a policy that reads ids only for workers with KV
- *  events (uses_tokens 2) and no eligible one has them): `cb` is not called. Else 1, and `cb` runs exactly as
- *  kvr_tokenize() says (maybe before this returns); `*op` gets the operation to cancel, or
- *  NULL when `cb` already ran. */
+ *  text keys the cache. Returns 0 when nothing can be asked (no eligible worker, a request to
+ *  another endpoint than chat or completions, no tokenizer, or a policy that reads ids only
+ *  for workers with KV events (uses_tokens 2) and no eligible one has them): `cb` is not
+ *  called. Else 1, and `cb` runs exactly as kvr_tokenize() says (maybe before this returns);
+ *  `*op` gets the operation to cancel, or NULL when `cb` already ran. */
 int kvr_request_keys_tokenize(kvr_app *app, kvr_route *route, kvr_endpoint ep, kvr_http_req *r,
                               const kvr_request_keys *rk, kvr_tokenize_cb cb, void *ud,
                               kvr_tokenize_op **op);

@@ -39,10 +39,12 @@ typedef struct preq {
     const kvr_route_target *target;
     kvr_pick pick;
     kvr_endpoint ep;
+    kvr_worker *fixed;    /* the only worker that may answer (a stored response's), or NULL;
+                             referenced by the route */
     kvr_request_keys keys; /* freed once taught (2xx headers), or at the end when the reply or
                               the reported usage may still teach them */
     char *model;          /* the route's public name: the `model` label */
-    char *client_model;   /* `model` as the client sent it */
+    char *client_model;   /* `model` as the client sent it; NULL when it sent none */
     char *pin;            /* previous_response_id (Responses API), NULL when none */
     size_t pin_len;
     kvr_buf body_rw;      /* the body with `model` rewritten for the current target */
@@ -61,6 +63,7 @@ typedef struct preq {
     int correct;          /* the approximate index over-/under-predicted: correct it */
     int prefilling;       /* counted in w->prefilling (taught, first body byte not seen) */
     int unsettled;        /* w had prefilling attempts when this one was sent */
+    int pinned;           /* the Responses API id of the answer is pinned to its worker */
     char attempts[8];     /* x-kvroute-attempts */
     size_t tried[MAX_ATTEMPTS]; /* worker ids already attempted */
     size_t ntried;
@@ -83,20 +86,12 @@ typedef struct preq {
     uint64_t tok_start_ns;
 } preq;
 
-static const char *endpoint_path(kvr_endpoint ep)
+/* The worker learns from this request: its input lands in the worker's KV cache. A
+ * request about a stored response, or one that only tokenizes (tokenize, detokenize,
+ * count_tokens), teaches nothing. */
+static int teaches(const preq *p)
 {
-    switch (ep) {
-    case KVR_EP_CHAT:
-        return "/v1/chat/completions";
-    case KVR_EP_COMPLETIONS:
-        return "/v1/completions";
-    case KVR_EP_MESSAGES:
-        return "/v1/messages";
-    case KVR_EP_COUNT_TOKENS:
-        return "/v1/messages/count_tokens";
-    default:
-        return "/v1/responses";
-    }
+    return !p->fixed && kvr_endpoint_fills_cache(p->ep);
 }
 
 static void set_request_id(preq *p)
@@ -306,7 +301,7 @@ static void on_client_gone(void *ud)
         kvr_app_attempt_abandon(p->app, p->w, p->trial);
         attempt_ended(p, p->status);
     }
-    const char *lv[] = {p->model, kvr_http_req_path(p->req)};
+    const char *lv[] = {p->model, kvr_http_req_endpoint(p->req)};
     kvr_metric_inc(p->app->m.client_aborts, lv, 1);
     kvr_reply_count(p->app, p->req, p->model, 499);
     kvr_http_resp_abort(p->req);
@@ -433,27 +428,29 @@ static void on_headers(void *ud, int status, const kvr_http_header *h, size_t n)
                                      strlen(p->pick.index)};
     count_decision(p);
     int ok = status / 100 == 2;
-    kvr_usage_init(&p->usage, p->sse, ok ? p->app->cfg.max_usage_bytes : 0,
-                   ok && p->ep == KVR_EP_RESPONSES);
+    /* A stored response read again is no new work: its usage is not counted twice. */
+    int scan = ok && !p->fixed;
+    kvr_usage_init(&p->usage, p->sse, scan ? p->app->cfg.max_usage_bytes : 0,
+                   scan && p->ep == KVR_EP_RESPONSES);
     if (p->ep == KVR_EP_MESSAGES)
         kvr_usage_messages(&p->usage);
     /* Completion teaching: the keys wait for the reply, which joins them when it is complete. */
-    p->teach_reply = ok && p->route->ops->teach && p->keys.k.text_len &&
-                     p->app->cfg.teach_completion_max_bytes;
+    p->teach_reply = scan && kvr_endpoint_generates(p->ep) && p->route->ops->teach &&
+                     p->keys.k.text_len && p->app->cfg.teach_completion_max_bytes;
     if (p->teach_reply)
         kvr_usage_want_reply(&p->usage, p->app->cfg.teach_completion_max_bytes);
     kvr_http_resp_start(p->req, status, out, k, clen);
     /* Teach when the 2xx headers arrive (DESIGN §10): a burst sharing a new prefix gains
      * affinity as soon as the first answer starts; failed attempts teach nothing. */
-    if (ok) {
+    if (ok && teaches(p)) {
         kvr_route_teach(p->route, p->w, &p->keys.k);
         p->prefilling = 1;
         p->w->prefilling++;
     }
     /* A correction, once usage reports what the worker really held, teaches the prompt again:
      * the same buffer is kept (completion teaching usually keeps it anyway), not a copy. */
-    int correctable = ok && !p->unsettled && p->pick.use.runs && p->route->ops->correct &&
-                      p->keys.k.text_len;
+    int correctable = ok && teaches(p) && !p->unsettled && p->pick.use.runs &&
+                      p->route->ops->correct && p->keys.k.text_len;
     if (!p->teach_reply && !correctable)
         kvr_request_keys_free(&p->keys);
     else
@@ -502,6 +499,16 @@ static void relay_sse(preq *p, const char *data, size_t len)
     }
 }
 
+/* The worker holds the response it is creating from the moment its id is known (a stream
+ * names it in its first event): a client may read or cancel it before it ends. */
+static void pin_response(preq *p)
+{
+    if (p->pinned || !p->usage.response_id)
+        return;
+    p->pinned = 1;
+    kvr_route_pin_response(p->route, p->usage.response_id, strlen(p->usage.response_id), p->w);
+}
+
 static int on_body(void *ud, const char *data, size_t len)
 {
     preq *p = ud;
@@ -514,7 +521,7 @@ static int on_body(void *ud, const char *data, size_t len)
             p->w->prefilling--;
         }
         prefill_close(p, 1);
-        const char *lv[] = {p->model, kvr_http_req_path(p->req)};
+        const char *lv[] = {p->model, kvr_http_req_endpoint(p->req)};
         kvr_metric_observe(p->app->m.ttft, lv,
                            (double)(kvr_now_ns() - kvr_http_req_start_ns(p->req)) / 1e9);
     }
@@ -524,6 +531,7 @@ static int on_body(void *ud, const char *data, size_t len)
         return 1;
     }
     kvr_usage_feed(&p->usage, data, len);
+    pin_response(p);
     if (p->sse)
         relay_sse(p, data, len);
     else
@@ -617,7 +625,8 @@ static int retry_elsewhere(preq *p, const char *reason)
     size_t ex[MAX_ATTEMPTS + 256];
     /* A retry replaces an attempt that is ending, so only the workers' own caps apply. */
     size_t nex = exclude_full(p, ex, sizeof(ex) / sizeof(ex[0]));
-    if (p->ntried >= (size_t)p->app->cfg.max_retries + 1 || p->ntried >= MAX_ATTEMPTS ||
+    if (p->fixed || p->ntried >= (size_t)p->app->cfg.max_retries + 1 ||
+        p->ntried >= MAX_ATTEMPTS ||
         kvr_route_pick(p->route, ex, nex, &p->keys.k, p->pin, p->pin_len, &pick, &target) < 0 ||
         !kvr_route_retry_allowed(p->route, p->app->cfg.retry_budget, kvr_now_ms()))
         return 0;
@@ -674,9 +683,7 @@ static void on_done(void *ud, kvr_upstream_err err, const char *msg, int got_hea
                                  (int64_t)(p->usage.prompt + p->usage.completion) -
                                      (int64_t)p->rl_tokens,
                                  kvr_now_ms());
-        if (p->usage.response_id)
-            kvr_route_pin_response(p->route, p->usage.response_id,
-                                   strlen(p->usage.response_id), p->w);
+        pin_response(p);
         kvr_reply_count(app, p->req, p->model, p->status);
         kvr_http_resp_end(p->req);
         preq_free(p);
@@ -735,6 +742,7 @@ static size_t attempt_headers(preq *p)
 
 static void begin(preq *p);
 static int pick_with_room(preq *p, int process);
+static int pick_fixed(preq *p, int process);
 static void enqueue(preq *p);
 static int over_rate_limit(preq *p, const json_t *body);
 
@@ -779,8 +787,9 @@ static void no_eligible(preq *p)
     preq_free(p);
 }
 
-void kvr_proxy_forward(kvr_app *app, kvr_http_req *r, kvr_endpoint ep, kvr_route *route,
-                       const json_t *body)
+/* A request's state, before anything is sent. NULL when memory ran out (then answered). */
+static preq *preq_new(kvr_app *app, kvr_http_req *r, kvr_endpoint ep, kvr_route *route,
+                      const json_t *body)
 {
     preq *p = calloc(1, sizeof(*p));
     if (p) {
@@ -793,13 +802,14 @@ void kvr_proxy_forward(kvr_app *app, kvr_http_req *r, kvr_endpoint ep, kvr_route
     const char *pin = ep == KVR_EP_RESPONSES ? kvr_route_previous_response_id(body, &pin_len)
                                               : NULL;
     const char *model = json_string_value(json_object_get(body, "model"));
-    if (!p || !(p->model = strdup(route->name)) || !(p->client_model = strdup(model)) ||
+    if (!p || !(p->model = strdup(route->name)) ||
+        (model && !(p->client_model = strdup(model))) ||
         (pin && !(p->pin = strndup(pin, pin_len))) ||
         kvr_request_keys_build(app, route, body, ep, r, &p->keys) < 0) {
         if (p)
             preq_free(p);
         kvr_reply_error(app, r, NULL, 503, "out of memory", NULL, NULL, NULL, 0);
-        return;
+        return NULL;
     }
     p->pin_len = pin ? pin_len : 0;
     p->app = app;
@@ -808,15 +818,40 @@ void kvr_proxy_forward(kvr_app *app, kvr_http_req *r, kvr_endpoint ep, kvr_route
     preq_link(p);
     set_request_id(p);
     p->key = kvr_http_req_tag(r) ? kvr_http_req_tag(r) : "-";
+    return p;
+}
+
+/* Rate limits, then routing (once the prompt's token ids are known, when the policy needs
+ * them). */
+static void preq_start(preq *p, const json_t *body)
+{
+    kvr_app *app = p->app;
     if (over_rate_limit(p, body))
         return;
-    kvr_route_count_request(route, kvr_now_ms());
+    kvr_route_count_request(p->route, kvr_now_ms());
     build_forward_headers(p);
     kvr_http_req_cbs cbs = {on_drain, on_client_gone};
-    kvr_http_req_set_cbs(r, &cbs, p);
-    if (route->ops->uses_tokens && app->tokenizer && fetch_tokens(p))
+    kvr_http_req_set_cbs(p->req, &cbs, p);
+    if (p->route->ops->uses_tokens && app->tokenizer && !p->fixed && fetch_tokens(p))
         return;
     route_now(p);
+}
+
+void kvr_proxy_forward(kvr_app *app, kvr_http_req *r, kvr_endpoint ep, kvr_route *route,
+                       const json_t *body)
+{
+    preq *p = preq_new(app, r, ep, route, body);
+    if (p)
+        preq_start(p, body);
+}
+
+void kvr_proxy_forward_pinned(kvr_app *app, kvr_http_req *r, kvr_route *route, kvr_worker *w)
+{
+    preq *p = preq_new(app, r, KVR_EP_RESPONSES, route, NULL);
+    if (!p)
+        return;
+    p->fixed = w;
+    preq_start(p, NULL);
 }
 
 /* Routes a request whose keys are complete: a pick now, or a place in the queue. */
@@ -861,12 +896,31 @@ static size_t exclude_full(preq *p, size_t *ex, size_t cap)
     return n;
 }
 
+/* The pick of a request only p->fixed can answer: it alone holds the stored response, so a
+ * draining worker still takes it (nothing new starts there), an unhealthy one does not. */
+static int pick_fixed(preq *p, int process)
+{
+    kvr_worker *w = p->fixed;
+    const kvr_route_target *t = kvr_route_target_of(p->route, w);
+    if (!t || w->removed || !w->healthy || !kvr_breaker_admits(&w->breaker))
+        return -1;
+    if ((process && p->app->cfg.max_inflight && g_inflight >= p->app->cfg.max_inflight) ||
+        (w->max_inflight && (uint64_t)w->inflight >= w->max_inflight))
+        return 0;
+    p->pick = (kvr_pick){.worker = w, .decision = "session_id_match", .match = -1,
+                         .chosen_match = -1, .predicted_tokens = -1};
+    p->target = t;
+    return 1;
+}
+
 /* Picks among the eligible untried workers that have room (--max-inflight for the process
  * when `process` is set; each worker's max_inflight). 1: picked; 0: eligible workers exist
  * but none has room now (wait); -1: no eligible worker at all. */
 static int pick_with_room(preq *p, int process)
 {
     size_t ex[MAX_ATTEMPTS + 256];
+    if (p->fixed)
+        return pick_fixed(p, process);
     if (kvr_route_eligible(p->route, p->route->scratch) == 0)
         return -1;
     if (process && p->app->cfg.max_inflight && g_inflight >= p->app->cfg.max_inflight)
@@ -1012,7 +1066,7 @@ static int over_rate_limit(preq *p, const json_t *body)
 static const char *attempt_body(preq *p, size_t *len)
 {
     const char *body = kvr_http_req_body(p->req, len);
-    if (strcmp(p->target->model, p->client_model) == 0)
+    if (!p->client_model || strcmp(p->target->model, p->client_model) == 0)
         return body;
     size_t vlen;
     long at = kvr_json_member_span(body, *len, "model", &vlen);
@@ -1039,7 +1093,9 @@ static int start_attempt(preq *p)
     p->w = p->pick.worker;
     p->tried[p->ntried++] = p->w->id;
     const char *body = attempt_body(p, &blen);
-    if (!body || kvr_worker_url(p->w, endpoint_path(p->ep), p->url, sizeof(p->url)) < 0) {
+    /* A stored response's path carries its id and query: forwarded as the client sent it. */
+    const char *path = p->fixed ? kvr_http_req_target(p->req) : kvr_endpoint_path(p->ep);
+    if (!body || kvr_worker_url(p->w, path, p->url, sizeof(p->url)) < 0) {
         count_decision(p);
         kvr_reply_error(p->app, p->req, p->model, 500,
                         body ? "worker URL too long" : "out of memory", NULL, NULL, NULL, 0);
@@ -1050,11 +1106,14 @@ static int start_attempt(preq *p)
     p->unsettled = p->w->prefilling > 0;
     p->trial = kvr_app_attempt_start(p->app, p->w);
     p->verdict = 0;
-    p->att = kvr_upstream_start(p->app->up, "POST", p->url, p->fwd, attempt_headers(p), body, blen,
-                                &upstream_cbs, p);
+    const char *method = p->fixed ? kvr_http_req_method(p->req) : "POST";
+    p->att = kvr_upstream_start(p->app->up, method, p->url, p->fwd, attempt_headers(p), body,
+                                blen, &upstream_cbs, p);
     if (p->att) {
-        kvr_route_sent(p->route, p->w, &p->keys.k);
-        prefill_open(p);
+        if (teaches(p)) {
+            kvr_route_sent(p->route, p->w, &p->keys.k);
+            prefill_open(p);
+        }
         kvr_kv_events_served(p->app->kv, p->w);
     } else {
         kvr_app_attempt_abandon(p->app, p->w, p->trial);

@@ -12,9 +12,18 @@
  *  its own reference): 503 + Retry-After when no target is eligible, 502 when the worker gave
  *  no response, or the worker's response relayed as it streams. The body goes out unchanged
  *  unless the chosen target's upstream model name differs from the client's `model` (then
- *  only that value is rewritten; Content-Length follows the new length). */
+ *  only that value is rewritten; Content-Length follows the new length; a body without
+ *  `model`, as tokenize allows, goes unchanged). */
 void kvr_proxy_forward(kvr_app *app, kvr_http_req *r, kvr_endpoint ep, kvr_route *route,
                        const json_t *body);
+
+/** Takes ownership of `r`, a request about a stored response (GET/DELETE
+ *  /v1/responses/{id}, POST …/cancel, GET …/input_items), and answers it through `route`
+ *  from worker `w` (a target of `route`, the one its pins name) and no other: no retry
+ *  elsewhere; 503 + Retry-After when `w` is unhealthy or its breaker open (a draining `w`
+ *  still answers). Method, path and query go as the client sent them, the body unchanged;
+ *  the answer's usage is not counted again and nothing is taught. */
+void kvr_proxy_forward_pinned(kvr_app *app, kvr_http_req *r, kvr_route *route, kvr_worker *w);
 
 /** Closes the admission queue's timer (shutdown, after kvr_proxy_shutdown). */
 void kvr_proxy_stop(kvr_app *app);

@@ -450,6 +450,53 @@ static void put_tools(writer *w, const json_t *body)
 
 /* ---- endpoints ------------------------------------------------------------------------ */
 
+static const char *const g_paths[KVR_EP_COUNT] = {
+    [KVR_EP_CHAT] = "/v1/chat/completions",
+    [KVR_EP_COMPLETIONS] = "/v1/completions",
+    [KVR_EP_RESPONSES] = "/v1/responses",
+    [KVR_EP_MESSAGES] = "/v1/messages",
+    [KVR_EP_COUNT_TOKENS] = "/v1/messages/count_tokens",
+    [KVR_EP_EMBEDDINGS] = "/v1/embeddings",
+    [KVR_EP_RERANK] = "/v1/rerank",
+    [KVR_EP_RERANK_BARE] = "/rerank",
+    [KVR_EP_SCORE] = "/v1/score",
+    [KVR_EP_TOKENIZE] = "/tokenize",
+    [KVR_EP_DETOKENIZE] = "/detokenize",
+    [KVR_EP_POOLING] = "/pooling",
+    [KVR_EP_CLASSIFY] = "/classify",
+};
+
+const char *kvr_endpoint_path(kvr_endpoint ep)
+{
+    return (unsigned)ep < KVR_EP_COUNT ? g_paths[ep] : "";
+}
+
+int kvr_endpoint_find(const char *path, kvr_endpoint *ep)
+{
+    for (int i = 0; i < KVR_EP_COUNT; i++)
+        if (strcmp(path, g_paths[i]) == 0) {
+            *ep = (kvr_endpoint)i;
+            return 0;
+        }
+    return -1;
+}
+
+int kvr_endpoint_generates(kvr_endpoint ep)
+{
+    return ep == KVR_EP_CHAT || ep == KVR_EP_COMPLETIONS || ep == KVR_EP_RESPONSES ||
+           ep == KVR_EP_MESSAGES;
+}
+
+int kvr_endpoint_fills_cache(kvr_endpoint ep)
+{
+    return ep != KVR_EP_TOKENIZE && ep != KVR_EP_DETOKENIZE && ep != KVR_EP_COUNT_TOKENS;
+}
+
+int kvr_endpoint_model_optional(kvr_endpoint ep)
+{
+    return ep == KVR_EP_TOKENIZE || ep == KVR_EP_DETOKENIZE;
+}
+
 static void build_chat(writer *w, const json_t *body)
 {
     put_tools(w, body);
@@ -476,9 +523,9 @@ static void put_tokens(writer *w, const json_t *arr)
     }
 }
 
-static void build_completions(writer *w, const json_t *body)
+/* A completions prompt, or any input text of the same forms. */
+static void put_prompt(writer *w, const json_t *prompt)
 {
-    const json_t *prompt = json_object_get(body, "prompt");
     if (!prompt || json_is_null(prompt))
         return;
     if (json_is_string(prompt)) {
@@ -506,6 +553,38 @@ static void build_completions(writer *w, const json_t *body)
             put_tokens(w, el);
         else
             put_canon(w, el);
+    }
+}
+
+static void build_completions(writer *w, const json_t *body)
+{
+    put_prompt(w, json_object_get(body, "prompt"));
+}
+
+/* The other endpoints: a chat-style `messages` list where the endpoint takes one, else the
+ * input text fields (keys.h). */
+static void build_inputs(writer *w, const json_t *body, kvr_route_kind kind)
+{
+    static const char *const fields[KVR_EP_COUNT][2] = {
+        [KVR_EP_EMBEDDINGS] = {"input"},       [KVR_EP_RERANK] = {"query", "documents"},
+        [KVR_EP_RERANK_BARE] = {"query", "documents"}, [KVR_EP_SCORE] = {"text_1", "text_2"},
+        [KVR_EP_TOKENIZE] = {"prompt"},        [KVR_EP_DETOKENIZE] = {"tokens"},
+        [KVR_EP_POOLING] = {"input"},          [KVR_EP_CLASSIFY] = {"input"},
+    };
+    int chat_form = kind == KVR_EP_EMBEDDINGS || kind == KVR_EP_POOLING ||
+                    kind == KVR_EP_CLASSIFY || kind == KVR_EP_TOKENIZE;
+    if (chat_form && json_is_array(json_object_get(body, "messages"))) {
+        build_chat(w, body);
+        return;
+    }
+    int any = 0;
+    for (size_t f = 0; f < 2 && fields[kind][f]; f++) {
+        const json_t *v = json_object_get(body, fields[kind][f]);
+        if (!v || json_is_null(v))
+            continue;
+        if (any++)
+            putc1(w, RS);
+        put_prompt(w, v);
     }
 }
 
@@ -593,6 +672,10 @@ int kvr_route_text_build(const json_t *body, kvr_route_kind kind, kvr_buf *out)
     case KVR_ROUTE_MESSAGES:
     case KVR_EP_COUNT_TOKENS:
         build_messages(&w, body);
+        break;
+    default:
+        if ((unsigned)kind < KVR_EP_COUNT)
+            build_inputs(&w, body, kind);
         break;
     }
     return w.oom ? -1 : w.cut ? 1 : 0;

@@ -52,6 +52,15 @@
  * markers are dropped before anything is written, so moving them changes nothing.
  * /v1/messages/count_tokens has the same text, but kvroute routes it without keys (it is
  * answered without touching the KV cache, so it must teach nothing).
+ *
+ * The other endpoints (embeddings, rerank, score, tokenize, pooling, classify) route by their
+ * input text, serialized as a completions prompt (a string raw, token ids and batches framed as
+ * above): a chat-style `messages` list (embeddings, pooling, classify, tokenize) as for chat,
+ * else their text fields in order, joined by RS when more than one is present:
+ *   embeddings, pooling, classify: `input`;    tokenize: `prompt`;    detokenize: `tokens`;
+ *   rerank (/v1/rerank, /rerank): `query`, `documents`;    score: `text_1`, `text_2`.
+ * So requests embedding the same document, or reranking against the same query, share a
+ * prefix; a field that is neither a string nor an array counts by its canonical JSON.
  */
 #ifndef KVR_ROUTING_KEYS_H
 #define KVR_ROUTING_KEYS_H
@@ -60,15 +69,40 @@
 
 #include "util/buf.h"
 
-/** The endpoints kvroute routes (defined here once; api dispatches on it, proxy
- *  forwards to its path, routing keys read its body). */
+/** The endpoints kvroute routes by the `model` of their JSON body (defined here once; api
+ *  dispatches on it, proxy forwards to its path, routing keys read its body). Clients and
+ *  workers use the same path (kvr_endpoint_path()). */
 typedef enum kvr_endpoint {
     KVR_EP_CHAT = 0,         /**< POST /v1/chat/completions */
     KVR_EP_COMPLETIONS = 1,  /**< POST /v1/completions */
     KVR_EP_RESPONSES = 2,    /**< POST /v1/responses */
     KVR_EP_MESSAGES = 3,     /**< POST /v1/messages (Anthropic) */
     KVR_EP_COUNT_TOKENS = 4, /**< POST /v1/messages/count_tokens (Anthropic), passed through */
+    KVR_EP_EMBEDDINGS,       /**< POST /v1/embeddings */
+    KVR_EP_RERANK,           /**< POST /v1/rerank (Jina/Cohere shape, as vLLM serves it) */
+    KVR_EP_RERANK_BARE,      /**< POST /rerank (vLLM's unversioned path, same body) */
+    KVR_EP_SCORE,            /**< POST /v1/score */
+    KVR_EP_TOKENIZE,         /**< POST /tokenize (vLLM; `model` optional) */
+    KVR_EP_DETOKENIZE,       /**< POST /detokenize (vLLM; `model` optional) */
+    KVR_EP_POOLING,          /**< POST /pooling */
+    KVR_EP_CLASSIFY,         /**< POST /classify */
+    KVR_EP_COUNT             /**< how many there are */
 } kvr_endpoint;
+
+/** The path of `ep` ("/v1/embeddings"), as clients send it and workers serve it. */
+const char *kvr_endpoint_path(kvr_endpoint ep);
+/** The endpoint served at `path` (exact match): 0 and `*ep`, or -1 when none is. */
+int kvr_endpoint_find(const char *path, kvr_endpoint *ep);
+/** 1 for the endpoints that generate text (chat, completions, responses, messages): their
+ *  replies teach, their token usage limits rates. */
+int kvr_endpoint_generates(kvr_endpoint ep);
+/** 1 when a worker computes (and so may cache) the KV of the request's input: every
+ *  endpoint but tokenize, detokenize and count_tokens, which only run the tokenizer, so what
+ *  they carry is never taught as held by the worker. */
+int kvr_endpoint_fills_cache(kvr_endpoint ep);
+/** 1 when a request may omit `model` (tokenize, detokenize): it then goes to the only
+ *  route, if there is exactly one. */
+int kvr_endpoint_model_optional(kvr_endpoint ep);
 /** The routing-key functions' name for the same enum. */
 typedef kvr_endpoint kvr_route_kind;
 #define KVR_ROUTE_CHAT KVR_EP_CHAT

@@ -238,3 +238,21 @@ int kvr_worker_url(const kvr_worker *w, const char *path, char *out, size_t cap)
     int n = snprintf(out, cap, "%.*s%s", (int)bl, w->url, path);
     return (n < 0 || (size_t)n >= cap) ? -1 : 0;
 }
+
+static const char *const g_roles[] = {[KVR_ROLE_BOTH] = "both", [KVR_ROLE_PREFILL] = "prefill",
+                                      [KVR_ROLE_DECODE] = "decode"};
+
+const char *kvr_worker_role_name(kvr_worker_role role)
+{
+    return (unsigned)role < 3 ? g_roles[role] : "both";
+}
+
+int kvr_worker_role_parse(const char *name, kvr_worker_role *out)
+{
+    for (int i = 0; i < 3; i++)
+        if (strcmp(name, g_roles[i]) == 0) {
+            *out = (kvr_worker_role)i;
+            return 0;
+        }
+    return -1;
+}

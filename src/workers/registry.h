@@ -49,6 +49,10 @@ void kvr_worker_set_api_key(kvr_worker *w, const char *key);
  *  what was known from the old one is dropped (the worker is neutral until the new one
  *  answers) and returns 1; returns 0 when unchanged. */
 int kvr_worker_set_lmcache(kvr_worker *w, const char *endpoint);
+/** "both", "prefill" or "decode". */
+const char *kvr_worker_role_name(kvr_worker_role role);
+/** The role named `name` (as kvr_worker_role_name() spells it): 0 and `*out`, or -1. */
+int kvr_worker_role_parse(const char *name, kvr_worker_role *out);
 /** 1 when `w` listed `model` in its last /v1/models answer. */
 int kvr_worker_lists(const kvr_worker *w, const char *model);
 

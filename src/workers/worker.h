@@ -6,6 +6,14 @@
 
 #include "workers/breaker.h"
 
+/** A worker's part in prefill/decode disaggregation. Stored and shown; nothing routes by it
+ *  yet. */
+typedef enum kvr_worker_role {
+    KVR_ROLE_BOTH = 0, /**< prefills and decodes (every worker until roles are configured) */
+    KVR_ROLE_PREFILL,  /**< prefill only */
+    KVR_ROLE_DECODE,   /**< decode only */
+} kvr_worker_role;
+
 /** State of one worker, owned by the registry (src/workers/registry.h). Policies read it. */
 typedef struct kvr_worker {
     char *url;              /**< base URL exactly as configured ("http://127.0.0.1:9001"); the
@@ -13,6 +21,7 @@ typedef struct kvr_worker {
     char *name;             /**< its name in the config (defaults to the URL); routes' targets
                                  and the admin paths name it */
     double weight;          /**< configured weight (1): the default weight of its targets */
+    kvr_worker_role role;   /**< KVR_ROLE_BOTH unless added with another (POST /workers) */
     char *api_key;          /**< the worker's own API key (owned; NULL = none), sent as
                                  `Authorization: Bearer` on every request kvroute makes to it;
                                  never logged or shown */

@@ -158,8 +158,10 @@ def test_unreadable_or_empty_token_file_refuses_to_start(stub, kvroute, tmp_path
 
 def test_admin_methods_and_paths(stub, kvroute):
     ws, kv, adm = start(stub, kvroute)
-    r = adm.post("/workers", {})
-    assert r.status_code == 405, r.text
+    r = adm.post("/workers", {})  # POST /workers adds a worker: a URL is required
+    assert_openai_error(r, 400)
+    r = httpx.put(adm.base + "/workers", timeout=5.0, verify=SSL_CTX)
+    assert r.status_code == 405 and r.headers.get("allow") == "GET, POST", r.text
     r = adm.get("/debug/route")
     assert r.status_code == 405, r.text
     assert adm.get("/v1/models").status_code == 404

@@ -304,6 +304,41 @@ def test_no_worker_and_midstream_failure(stub, kvroute):
                            else "overloaded_error")
 
 
+def test_messages_among_the_other_endpoints(stub, kvroute, tmp_path):
+    """Messages beside embeddings, tokenize and the stored-response paths (issue 15, both
+    halves): an unknown /v1/messages/... path is kvroute's 404 in Anthropic's shape, never
+    forwarded and labelled `other`; /v1/messages keeps its own label; client keys guard it and
+    the non-/v1 endpoints alike, x-api-key accepted on both."""
+    w = stub()
+    keys = tmp_path / "keys"
+    keys.write_text("agent:%s\n" % KEY)
+    kv, _ = router(kvroute, [w], model=MODEL, policy="round_robin",
+                   extra=["--api-key-file", keys])
+    ok = {"x-api-key": KEY}
+    b = {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+    assert post(kv.url, b, headers=ok).status_code == 200
+    for method, path in (("POST", "/v1/messages/batches"), ("GET", "/v1/messages/msg_01x"),
+                         ("POST", "/v1/messages/count_tokens/x")):
+        r = httpx.request(method, kv.url + path, content=b"{}", headers=dict(AV, **ok),
+                          timeout=5, verify=SSL_CTX)
+        assert_anthropic_error(r, 404, "not_found_error")
+    assert_anthropic_error(post(kv.url, b), 401, "authentication_error")
+    r = httpx.post(kv.url + "/tokenize", json={"model": MODEL, "prompt": "x"}, timeout=5,
+                   verify=SSL_CTX)
+    assert r.status_code == 401 and "param" in r.json()["error"], r.text
+    r = httpx.post(kv.url + "/tokenize", json={"model": MODEL, "prompt": "x"}, headers=ok,
+                   timeout=5, verify=SSL_CTX)
+    assert r.headers.get("x-kvroute-worker") == w.url, (r.status_code, r.text)
+    assert [e["path"] for e in w.requests(prefix="/v1/messages")] == ["/v1/messages"]
+    m = kv.metrics()
+    assert m.get("kvroute_requests_total", endpoint="/v1/messages", code="200") == 1
+    assert m.get("kvroute_requests_total", endpoint="/v1/messages", code="401") == 1
+    assert m.get("kvroute_requests_total", endpoint="other", code="404") == 3
+    eps = {lb["endpoint"] for lb, _ in m.find("kvroute_requests_total")}
+    assert not any(e.startswith("/v1/messages/") and e != "/v1/messages/count_tokens"
+                   for e in eps), eps
+
+
 # ============================================================================ forwarding
 def test_headers_body_and_usage_through_a_stub(stub, kvroute, tmp_path):
     w = stub()
