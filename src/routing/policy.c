@@ -135,3 +135,13 @@ int kvr_load_bound_over(const kvr_load_bound *b, const kvr_worker *w, double wei
     double cap = ceil(b->scale * weight - 1e-9);
     return (double)w->inflight + 1 > cap;
 }
+
+void kvr_load_bound_rows(kvr_worker *const *eligible, size_t n, const kvr_route_keys *k,
+                         double factor, kvr_explain_row *rows)
+{
+    kvr_load_bound b = kvr_load_bound_make(eligible, n, k, factor);
+    for (size_t i = 0; i < n; i++)
+        rows[i] = (kvr_explain_row){
+            .worker = eligible[i], .match = -1, .inflight = eligible[i]->inflight,
+            .overloaded = kvr_load_bound_over(&b, eligible[i], kvr_policy_weight(k, i))};
+}

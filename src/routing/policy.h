@@ -218,5 +218,10 @@ kvr_load_bound kvr_load_bound_make(kvr_worker *const *eligible, size_t n, const 
 /** 1 when `w` (weight `weight`, kvr_policy_weight of the same keys) is at its bound and must
  *  be passed over. */
 int kvr_load_bound_over(const kvr_load_bound *b, const kvr_worker *w, double weight);
+/** The /debug/route rows of a bounded-load hash policy: each eligible worker (`n` of them,
+ *  `rows` caller-allocated) with its load, no match, and `overloaded` when it is at the bound
+ *  that `factor` (--hash-load-factor) sets. */
+void kvr_load_bound_rows(kvr_worker *const *eligible, size_t n, const kvr_route_keys *k,
+                         double factor, kvr_explain_row *rows);
 
 #endif

@@ -124,11 +124,7 @@ static int rv_explain(void *self, kvr_worker *const *el, size_t n, const kvr_rou
     if (!n)
         return -1;
     decide(s, el, n, k, out);
-    kvr_load_bound b = kvr_load_bound_make(el, n, k, s->load_factor);
-    for (size_t i = 0; i < n; i++)
-        rows[i] = (kvr_explain_row){
-            .worker = el[i], .match = -1, .inflight = el[i]->inflight,
-            .overloaded = kvr_load_bound_over(&b, el[i], kvr_policy_weight(k, i))};
+    kvr_load_bound_rows(el, n, k, s->load_factor, rows);
     return 0;
 }
 
