@@ -584,39 +584,26 @@ static void *precise_create(const kvr_policy_cfg *cfg, const char *model)
     return s;
 }
 
+/* What cache_aware and precise share: one state, one decision procedure. */
+#define CA_OPS_COMMON                                                                         \
+    .pick = ca_pick, .teach = ca_teach, .forget_worker = ca_forget, .destroy = ca_destroy,     \
+    .uses_keys = 1, .explain = kvr_cache_aware_explain, .stats = kvr_cache_aware_stats_get,    \
+    .worker_stats = kvr_cache_aware_worker_stats_get, .sweep = kvr_cache_aware_sweep,          \
+    .retune = ca_retune, .correct = ca_correct
+
 const kvr_policy_ops kvr_policy_precise = {
     .name = "precise",
     .create = precise_create,
-    .pick = ca_pick,
-    .teach = ca_teach,
-    .forget_worker = ca_forget,
-    .destroy = ca_destroy,
-    .uses_keys = 1,
-    .explain = kvr_cache_aware_explain,
-    .stats = kvr_cache_aware_stats_get,
-    .worker_stats = kvr_cache_aware_worker_stats_get,
-    .sweep = kvr_cache_aware_sweep,
-    .retune = ca_retune,
     .sent = precise_sent,
     .uses_tokens = 1,
-    .correct = ca_correct,
+    CA_OPS_COMMON,
 };
 
 const kvr_policy_ops kvr_policy_cache_aware = {
     .name = "cache_aware",
     .create = ca_create,
-    .pick = ca_pick,
-    .teach = ca_teach,
-    .forget_worker = ca_forget,
-    .destroy = ca_destroy,
-    .uses_keys = 1,
-    .explain = kvr_cache_aware_explain,
-    .stats = kvr_cache_aware_stats_get,
-    .worker_stats = kvr_cache_aware_worker_stats_get,
-    .sweep = kvr_cache_aware_sweep,
-    .retune = ca_retune,
     .sent = ca_sent,
-    .correct = ca_correct,
+    CA_OPS_COMMON,
 };
 
 /* pipeline and cost score workers with this instance's indexes and session map. */
