@@ -16,6 +16,7 @@
 #include "proxy/proxy.h"
 #include "app/app.h"
 #include "events/kvevents.h"
+#include "obs/otlp.h"
 #include "proxy/tokenize.h"
 #include "util/log.h"
 #include "util/rand.h"
@@ -42,6 +43,8 @@ static void on_http_closed(void *ud)
     /* No request is left to route: the KV block index can go. */
     kvr_kv_events_close(app->kv);
     app->kv = NULL;
+    kvr_otlp_close(app->otlp);
+    app->otlp = NULL;
     kvr_upstream_close(app->up);
 }
 
@@ -210,6 +213,7 @@ int main(int argc, char **argv)
     app->cfg.upstream.allow_connect_ud = app;
     app->up = kvr_upstream_new(app->loop, &app->cfg.upstream);
     app->tokenizer = kvr_tokenizer_new(app->up, &app->cfg.tokenize);
+    app->otlp = kvr_otlp_new(app->loop, app->up, app->metrics, &app->cfg.otlp);
     char kverr[256];
     app->kv = kvr_kv_events_new(app->loop, &app->cfg.kv, app->metrics, kvr_app_allow_connect,
                                 app, kverr, sizeof(kverr));

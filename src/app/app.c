@@ -1,6 +1,8 @@
 /* Metric families and the served model list. */
 #include "app/app.h"
 
+#include "obs/otlp.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -226,6 +228,7 @@ void kvr_app_metrics_init(kvr_app *app)
                                       "Token id lookups by source (header, prompt_ids, cache, "
                                       "worker) or failure (timeout, failed, none)",
                                       2, ms);
+    kvr_otlp_metrics_register(r);
     m->breaker_state = kvr_metrics_gauge(r, "kvroute_worker_breaker_state",
                                          "Circuit breaker state: 0 closed, 1 open, 2 half_open",
                                          1, w);

@@ -107,6 +107,7 @@ typedef struct kvr_app {
     kvr_session_sources session_sources; /**< parsed --session-keys */
     struct kvr_kv_events *kv;            /**< KV events and the KV block index */
     struct kvr_tokenizer *tokenizer;     /**< prompt token ids for precise routing */
+    struct kvr_otlp *otlp;               /**< span exporter (NULL: no --otlp-endpoint) */
 } kvr_app;
 
 /** Registers kvroute's metric families in app->metrics (which must exist). */

@@ -352,6 +352,8 @@ static void log_ignored(const kvr_config *old, const kvr_config *c)
         {"scrape_interval", old->scrape_interval_s != c->scrape_interval_s},
         {"lmcache_interval_ms", old->lmcache_interval_ms != c->lmcache_interval_ms},
         {"discovery_interval", old->discovery_interval_s != c->discovery_interval_s},
+        {"otlp_endpoint", !old->otlp.endpoint != !c->otlp.endpoint ||
+                              (c->otlp.endpoint && strcmp(old->otlp.endpoint, c->otlp.endpoint))},
     };
     for (size_t i = 0; i < sizeof(s) / sizeof(s[0]); i++)
         if (s[i].changed)

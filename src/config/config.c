@@ -173,6 +173,19 @@ static const kvr_flag flags[] = {
        "deadline of a worker /tokenize call for precise routing (then approximate)"),
     FL("tokenize-cache-entries", SIZE, tokenize.cache_entries, 0, 1e8,
        "token id lists kept for repeated routing texts (0 = no cache)"),
+    FL("otlp-endpoint", STR, otlp.endpoint, 0, 0,
+       "OpenTelemetry collector URL for traces, OTLP/HTTP JSON, e.g. "
+       "http://127.0.0.1:4318/v1/traces (unset = no tracing)"),
+    FL("otlp-sample-ratio", DOUBLE, otlp.sample_ratio, 0, 1,
+       "share of new traces recorded (a client's traceparent decides for its own)"),
+    FL("otlp-service-name", STR, otlp.service_name, 0, 0, "service.name of kvroute's spans"),
+    FL("otlp-batch-size", SIZE, otlp.batch_size, 1, 1e6, "spans per OTLP export"),
+    FL("otlp-flush-ms", U64, otlp.flush_ms, 1, 3600000,
+       "longest a finished span waits before it is exported"),
+    FL("otlp-max-queue", SIZE, otlp.max_queue, 1, 1e8,
+       "spans waiting for export (more are dropped and counted)"),
+    FL("otlp-timeout-ms", U64, otlp.timeout_ms, 1, 3600000,
+       "an OTLP export not answered by then is abandoned (its spans dropped)"),
 };
 
 #define NFLAGS (sizeof(flags) / sizeof(flags[0]))
@@ -257,6 +270,7 @@ void kvr_config_default(kvr_config *c)
     kvr_kv_events_cfg_default(&c->kv);
     c->teach_completion_max_bytes = 262144;
     c->tokenize = (kvr_tokenize_cfg){.timeout_ms = 100, .cache_entries = 4096};
+    kvr_otlp_cfg_default(&c->otlp);
     kvr_http_limits_default(&c->http);
     kvr_upstream_opts_default(&c->upstream);
 }
@@ -474,6 +488,10 @@ static void check_egress(const kvr_config *c, kvr_errlist *errs)
             kvr_errlist_add(errs, "%s: worker '%s': LMCache endpoint %s is refused by the egress "
                             "policy: %s", at, w->name, w->lmcache_endpoint, why);
     }
+    const char *otlp = c->otlp.endpoint;
+    if (otlp && *otlp && !kvr_egress_check_url(e, otlp, why, sizeof(why)))
+        kvr_errlist_add(errs, "--otlp-endpoint %s is refused by the egress policy: %s", otlp,
+                        why);
     kvr_egress_free(e);
 }
 
@@ -589,6 +607,23 @@ static void resolve_routes(kvr_config *c, kvr_errlist *errs)
     }
 }
 
+/* The collector URL: http:// (or https://, which libcurl also speaks) with a host. */
+static void check_otlp(const kvr_config *c, kvr_errlist *errs)
+{
+    const char *u = c->otlp.endpoint;
+    char http[2048];
+    if (!u || !*u)
+        return;
+    int ok = kvr_config_url_ok(u);
+    if (!ok && strncmp(u, "https://", 8) == 0 && strlen(u) < sizeof(http) - 8) {
+        snprintf(http, sizeof(http), "http://%s", u + 8);
+        ok = kvr_config_url_ok(http);
+    }
+    if (!ok)
+        kvr_errlist_add(errs, "--otlp-endpoint '%s' is malformed (expected "
+                        "http://HOST[:PORT]/PATH, e.g. http://127.0.0.1:4318/v1/traces)", u);
+}
+
 int kvr_config_load(kvr_config *c, int argc, char **argv, kvr_errlist *errs)
 {
     size_t before = errs->n;
@@ -620,6 +655,7 @@ int kvr_config_load(kvr_config *c, int argc, char **argv, kvr_errlist *errs)
     check_workers(c, errs);
     check_kv_events(c, errs);
     check_egress(c, errs);
+    check_otlp(c, errs);
     check_names(c, errs);
     resolve_routes(c, errs);
     if (c->breaker.max_cooldown_ms < c->breaker.cooldown_ms)

@@ -9,6 +9,7 @@
 
 #include "events/kvevents.h"
 #include "http/server.h"
+#include "obs/otlp.h"
 #include "proxy/tokenize.h"
 #include "routing/policy.h"
 #include "upstream/upstream.h"
@@ -166,6 +167,9 @@ typedef struct kvr_config {
                                         --kv-speculative-ms, --kv-events-queue,
                                         --kv-events-max-bytes */
     kvr_tokenize_cfg tokenize;     /**< --tokenize-timeout-ms, --tokenize-cache-entries */
+    kvr_otlp_cfg otlp;             /**< --otlp-endpoint, --otlp-sample-ratio,
+                                        --otlp-service-name, --otlp-batch-size,
+                                        --otlp-flush-ms, --otlp-max-queue, --otlp-timeout-ms */
     const char **kv_events_args;   /**< each --kv-events WORKER_URL=ENDPOINT[,REPLAY] as given,
                                         applied over the workers' own kv_events at load */
     size_t nkv_events_args;

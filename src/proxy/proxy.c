@@ -13,6 +13,7 @@
 #include "proxy/admission.h"
 #include "proxy/headers.h"
 #include "proxy/ratelimit.h"
+#include "proxy/spans.h"
 #include "proxy/keys.h"
 #include "proxy/tokenize.h"
 #include "proxy/usage.h"
@@ -69,8 +70,9 @@ typedef struct preq {
     size_t ntried;
     kvr_buf held;         /* SSE: bytes of an event not yet complete, relayed when it is */
     kvr_usage usage;
-    kvr_http_header fwd[MAX_FWD_HEADERS + 1];
-    size_t nfwd, nfixed;  /* headers of every attempt, then the worker's Authorization */
+    kvr_http_header fwd[MAX_FWD_HEADERS + 2];
+    size_t nfwd, nfixed;  /* headers of every attempt, then the worker's Authorization and the
+                             attempt's traceparent */
     char auth[1100];      /* "Bearer <worker key>" of the current attempt */
     kvr_waiter waiter;    /* in the admission queue while no slot is free */
     const char *key;      /* the client key's name ("-" without auth) */
@@ -84,6 +86,18 @@ typedef struct preq {
     kvr_tokenize_op *tok; /* fetching the prompt's token ids (precise) */
     int tok_sync;         /* inside kvr_tokenize(): its callback must not route yet */
     uint64_t tok_start_ns;
+    uint64_t start_ns;    /* the request's arrival (kvr_now_ns) */
+    uint64_t first_byte_ns; /* the relayed answer's first body byte, 0 before */
+    int final_status;     /* what the client was answered: the server span's status */
+    kvr_req_trace tr;     /* the request's trace (tr.on when --otlp-endpoint is set) */
+    char span_name[80];   /* "METHOD /endpoint" */
+    char method[12];
+    int span_open;        /* the current attempt's client span is not recorded yet; its: */
+    int span_code;        /* ... worker status (0 = none) */
+    const char *span_err; /* ... failure, or NULL */
+    const char *span_decision;
+    double span_match;
+    uint64_t att_start_ns, att_end_ns;
 } preq;
 
 /* The worker learns from this request: its input lands in the worker's KV cache. A
@@ -131,8 +145,61 @@ static void preq_link(preq *p)
 
 static void prefill_close(preq *p, int first_byte);
 
+static void span_facts(const preq *p, kvr_span_facts *f)
+{
+    *f = (kvr_span_facts){.name = p->span_name, .method = p->method, .route = p->model,
+                          .policy = p->route->ops->name, .request_id = p->request_id,
+                          .has_usage = p->usage.found, .prompt = p->usage.prompt,
+                          .cached = p->usage.cached, .completion = p->usage.completion,
+                          .match = -1, .ttft_ms = -1};
+}
+
+/* Records the current attempt's client span, once, when the attempt is over. */
+static void attempt_span_close(preq *p)
+{
+    if (!p->span_open)
+        return;
+    p->span_open = 0;
+    kvr_span_facts f;
+    span_facts(p, &f);
+    f.decision = p->span_decision;
+    f.match = p->span_match;
+    f.worker = p->w->url;
+    f.url = p->url;
+    f.attempt = p->ntried;
+    f.status = p->span_code;
+    f.error = p->span_err;
+    f.start_mono_ns = p->att_start_ns;
+    f.end_mono_ns = p->att_end_ns ? p->att_end_ns : kvr_now_ns();
+    if (p->first_byte_ns >= p->att_start_ns && p->span_code)
+        f.ttft_ms = (double)(p->first_byte_ns - p->att_start_ns) / 1e6;
+    f.has_usage = f.has_usage && p->span_code;
+    kvr_span_attempt(p->app->otlp, &p->tr, &f);
+}
+
+/* Records the request's server span (its last attempt's span first). */
+static void server_span(preq *p)
+{
+    if (!p->tr.on)
+        return;
+    attempt_span_close(p);
+    kvr_span_facts f;
+    span_facts(p, &f);
+    f.decision = p->pick.decision;
+    f.match = p->pick.decision ? p->pick.match : -1;
+    f.worker = p->w ? p->w->url : NULL;
+    f.attempt = p->ntried;
+    f.status = p->final_status;
+    f.start_mono_ns = p->start_ns;
+    f.end_mono_ns = kvr_now_ns();
+    if (p->first_byte_ns)
+        f.ttft_ms = (double)(p->first_byte_ns - p->start_ns) / 1e6;
+    kvr_span_server(p->app->otlp, &p->tr, &f);
+}
+
 static void preq_free(preq *p)
 {
+    server_span(p);
     prefill_close(p, 0); /* attempts close it as they end; this only guards against a leak */
     if (p->prev)
         p->prev->next = p->next;
@@ -212,6 +279,7 @@ static void prefill_close(preq *p, int first_byte)
 
 static void attempt_ended(preq *p, int code)
 {
+    p->att_end_ns = kvr_now_ns();
     prefill_close(p, 0);
     attempt_count(p->app, p->w, code);
     p->att = NULL;
@@ -299,10 +367,13 @@ static void on_client_gone(void *ud)
     if (p->att) {
         kvr_upstream_cancel(p->att);
         kvr_app_attempt_abandon(p->app, p->w, p->trial);
+        p->span_code = p->status;
+        p->span_err = "client_gone";
         attempt_ended(p, p->status);
     }
     const char *lv[] = {p->model, kvr_http_req_endpoint(p->req)};
     kvr_metric_inc(p->app->m.client_aborts, lv, 1);
+    p->final_status = 499;
     kvr_reply_count(p->app, p->req, p->model, 499);
     kvr_http_resp_abort(p->req);
     preq_free(p);
@@ -378,6 +449,8 @@ static void on_headers(void *ud, int status, const kvr_http_header *h, size_t n)
         kvr_worker *w = p->w;
         kvr_app *app = p->app;
         prefill_close(p, 0);
+        p->span_code = status;
+        p->att_end_ns = kvr_now_ns();
         /* On -1 the request was answered and freed: only the saved pointers are used below. */
         if (retry_elsewhere(p, reason) != 0) {
             KVR_INFO("msg=\"worker failed: retried elsewhere\" worker=%s status=%d", w->url,
@@ -516,14 +589,14 @@ static int on_body(void *ud, const char *data, size_t len)
         release_body(p);
     if (!p->got_body) {
         p->got_body = 1;
+        p->first_byte_ns = kvr_now_ns();
         if (p->prefilling) {
             p->prefilling = 0;
             p->w->prefilling--;
         }
         prefill_close(p, 1);
         const char *lv[] = {p->model, kvr_http_req_endpoint(p->req)};
-        kvr_metric_observe(p->app->m.ttft, lv,
-                           (double)(kvr_now_ns() - kvr_http_req_start_ns(p->req)) / 1e9);
+        kvr_metric_observe(p->app->m.ttft, lv, (double)(p->first_byte_ns - p->start_ns) / 1e9);
     }
     /* Check the watermark before taking bytes: a refusal means libcurl redelivers them. */
     if (kvr_http_resp_pending(p->req) > p->app->cfg.http.write_high_water) {
@@ -565,6 +638,7 @@ static void fail_before_headers(preq *p, kvr_upstream_err err, const char *msg)
         {"x-request-id", 12, p->request_id, strlen(p->request_id)},
         {"x-kvroute-attempts", 18, p->attempts, strlen(p->attempts)},
     };
+    p->final_status = 502;
     kvr_reply_error(p->app, p->req, p->model, 502, text, NULL, "upstream_error", hs, 4);
     preq_free(p);
 }
@@ -576,6 +650,7 @@ static void fail_before_headers(preq *p, kvr_upstream_err err, const char *msg)
  * response (docs/operations.md). Frees `p`. */
 static void end_after_headers(preq *p, int status, const char *text, const char *code)
 {
+    p->final_status = p->status;
     kvr_reply_count(p->app, p->req, p->model, p->status);
     if (p->sse) {
         kvr_buf b;
@@ -651,6 +726,8 @@ static void on_done(void *ud, kvr_upstream_err err, const char *msg, int got_hea
     preq *p = ud;
     kvr_app *app = p->app;
     give_verdict(p, err != KVR_UP_OK || p->status >= 500);
+    p->span_code = got_headers ? p->status : 0;
+    p->span_err = err != KVR_UP_OK ? kvr_upstream_err_name(err) : NULL;
     attempt_ended(p, got_headers ? p->status : 0);
     if (err != KVR_UP_OK && !got_headers && retryable_error(err)) {
         count_error(p, err);
@@ -684,6 +761,7 @@ static void on_done(void *ud, kvr_upstream_err err, const char *msg, int got_hea
                                      (int64_t)p->rl_tokens,
                                  kvr_now_ms());
         pin_response(p);
+        p->final_status = p->status;
         kvr_reply_count(app, p->req, p->model, p->status);
         kvr_http_resp_end(p->req);
         preq_free(p);
@@ -718,9 +796,13 @@ static void build_forward_headers(preq *p)
             kvr_header_is(h->name, h->name_len, "x-request-id") ||
             kvr_header_is(h->name, h->name_len, "authorization") ||
             kvr_header_is(h->name, h->name_len, "x-api-key") ||
-            kvr_header_is(h->name, h->name_len, "x-kvroute-token-ids"))
+            kvr_header_is(h->name, h->name_len, "x-kvroute-token-ids") ||
+            (p->tr.on && kvr_header_is(h->name, h->name_len, "traceparent")) ||
+            (p->tr.on && !p->tr.has_parent && kvr_header_is(h->name, h->name_len, "tracestate")))
             continue; /* client credentials are kvroute's to check, never the worker's; the
-                       * token ids are kvroute's routing input and may be large */
+                       * token ids are kvroute's routing input and may be large; each attempt
+                       * gets its own traceparent, and a tracestate without a valid parent is
+                       * dropped (W3C Trace Context §3.3) */
         p->fwd[p->nfwd++] = *h;
     }
     p->fwd[p->nfwd++] =
@@ -737,6 +819,9 @@ static size_t attempt_headers(preq *p)
         if (n > 0 && (size_t)n < sizeof(p->auth))
             p->fwd[p->nfwd++] = (kvr_http_header){"Authorization", 13, p->auth, (size_t)n};
     }
+    if (p->tr.on)
+        p->fwd[p->nfwd++] = (kvr_http_header){"traceparent", 11, p->tr.traceparent,
+                                              KVR_TRACEPARENT_LEN};
     return p->nfwd;
 }
 
@@ -781,6 +866,7 @@ static void no_eligible(preq *p)
     snprintf(ra, sizeof(ra), "%llu", (unsigned long long)p->app->cfg.retry_after_s);
     kvr_http_header h[] = {{"Retry-After", 11, ra, strlen(ra)},
                            {"x-request-id", 12, p->request_id, strlen(p->request_id)}};
+    p->final_status = 503;
     kvr_reply_error(p->app, p->req, p->model, 503,
                     "no eligible worker can serve this request now", NULL,
                     "no_eligible_worker", h, 2);
@@ -818,6 +904,13 @@ static preq *preq_new(kvr_app *app, kvr_http_req *r, kvr_endpoint ep, kvr_route 
     preq_link(p);
     set_request_id(p);
     p->key = kvr_http_req_tag(r) ? kvr_http_req_tag(r) : "-";
+    p->start_ns = kvr_http_req_start_ns(r);
+    if (app->otlp) {
+        snprintf(p->method, sizeof(p->method), "%s", kvr_http_req_method(r));
+        snprintf(p->span_name, sizeof(p->span_name), "%s %s", p->method,
+                 kvr_http_req_endpoint(r));
+        kvr_trace_begin(app->otlp, &p->tr, kvr_http_req_header(r, "traceparent"), p->start_ns);
+    }
     return p;
 }
 
@@ -948,6 +1041,7 @@ static void enqueue(preq *p)
     p->waiter.key = p->key;
     p->waiter.since_ms = kvr_now_ms();
     if (kvr_admission_push(app->admission, &p->waiter) < 0) {
+        p->final_status = 503;
         overloaded(app, p->req, p->model, "queue_full",
                    "kvroute is at capacity and its queue is full; retry later");
         preq_free(p);
@@ -997,6 +1091,7 @@ static void admit_tick(uv_timer_t *t)
            now - w->since_ms >= app->cfg.queue_timeout_ms) {
         preq *p = (preq *)((char *)w - offsetof(preq, waiter));
         queue_left(p);
+        p->final_status = 503;
         overloaded(app, p->req, p->model, "queue_timeout",
                    "no slot became free within the queue timeout; retry later");
         preq_free(p);
@@ -1052,6 +1147,7 @@ static int over_rate_limit(preq *p, const json_t *body)
     size_t n = 1 + ratelimit_headers(p, h + 1);
     const char *lv[] = {p->model, "rate_limited"};
     kvr_metric_inc(app->m.rejected, lv, 1);
+    p->final_status = 429;
     kvr_reply_error_typed(app, p->req, p->model, 429,
                           "Rate limit reached for this API key; retry after the Retry-After "
                           "delay",
@@ -1090,6 +1186,7 @@ static const char *attempt_body(preq *p, size_t *len)
 static int start_attempt(preq *p)
 {
     size_t blen;
+    attempt_span_close(p); /* the attempt this one replaces */
     p->w = p->pick.worker;
     p->tried[p->ntried++] = p->w->id;
     const char *body = attempt_body(p, &blen);
@@ -1097,6 +1194,7 @@ static int start_attempt(preq *p)
     const char *path = p->fixed ? kvr_http_req_target(p->req) : kvr_endpoint_path(p->ep);
     if (!body || kvr_worker_url(p->w, path, p->url, sizeof(p->url)) < 0) {
         count_decision(p);
+        p->final_status = 500;
         kvr_reply_error(p->app, p->req, p->model, 500,
                         body ? "worker URL too long" : "out of memory", NULL, NULL, NULL, 0);
         preq_free(p);
@@ -1107,6 +1205,15 @@ static int start_attempt(preq *p)
     p->trial = kvr_app_attempt_start(p->app, p->w);
     p->verdict = 0;
     const char *method = p->fixed ? kvr_http_req_method(p->req) : "POST";
+    p->span_open = p->tr.on;
+    if (p->tr.on)
+        kvr_trace_attempt(&p->tr);
+    p->att_start_ns = kvr_now_ns();
+    p->att_end_ns = 0;
+    p->span_code = 0;
+    p->span_err = NULL;
+    p->span_decision = p->pick.decision;
+    p->span_match = p->pick.match;
     p->att = kvr_upstream_start(p->app->up, method, p->url, p->fwd, attempt_headers(p), body,
                                 blen, &upstream_cbs, p);
     if (p->att) {
@@ -1118,8 +1225,11 @@ static int start_attempt(preq *p)
     } else {
         kvr_app_attempt_abandon(p->app, p->w, p->trial);
         slot_give(p->app, p->w);
+        p->span_err = "not_started";
+        p->att_end_ns = kvr_now_ns();
         count_error(p, KVR_UP_OTHER);
         count_decision(p);
+        p->final_status = 502;
         kvr_reply_error(p->app, p->req, p->model, 502, "could not start the upstream request",
                       NULL, "upstream_error", NULL, 0);
         preq_free(p);
@@ -1141,10 +1251,13 @@ size_t kvr_proxy_shutdown(kvr_app *app)
         if (p->att) {
             kvr_upstream_cancel(p->att);
             kvr_app_attempt_abandon(app, p->w, p->trial);
+            p->span_code = p->status;
+            p->span_err = "shutting_down";
             attempt_ended(p, p->status);
         }
         count_decision(p);
         if (!p->status) {
+            p->final_status = 503;
             kvr_reply_error(app, p->req, p->model, 503, why, NULL, "shutting_down", NULL, 0);
             preq_free(p);
         } else {

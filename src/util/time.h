@@ -7,6 +7,8 @@
 uint64_t kvr_now_ns(void);
 /** Monotonic clock in milliseconds. */
 uint64_t kvr_now_ms(void);
+/** Wall clock in nanoseconds since the Unix epoch (CLOCK_REALTIME; span timestamps). */
+uint64_t kvr_unix_ns(void);
 /** Wall clock in seconds since the Unix epoch (for OpenAI `created` fields). */
 int64_t kvr_unix_time(void);
 
