@@ -164,9 +164,13 @@ int kvr_admin_worker_parse(const json_t *body, kvr_api_worker *out, char *msg, s
             return parse_fail(out, msg, cap,
                               "unknown field '%.64s' (url, name, weight, routes, role)", k);
     }
-    const char *url = json_string_value(json_object_get(body, "url"));
+    json_t *uv = json_object_get(body, "url");
+    const char *url = json_string_value(uv);
     if (!url)
-        return parse_fail(out, msg, cap, "'%s' is required: the worker's base URL", "url");
+        return parse_fail(out, msg, cap,
+                          uv ? "'%s' must be a string: the worker's base URL"
+                             : "'%s' is required: the worker's base URL",
+                          "url");
     if (strlen(url) > URL_MAX || !kvr_config_url_ok(url))
         return parse_fail(out, msg, cap, "'%s' must be an http://HOST[:PORT] URL", "url");
     v = json_object_get(body, "name");

@@ -582,6 +582,19 @@ static void pin_response(preq *p)
     kvr_route_pin_response(p->route, p->usage.response_id, strlen(p->usage.response_id), p->w);
 }
 
+/* DELETE /v1/responses/{id} succeeded: the worker holds that response no more. */
+static void unpin_deleted(preq *p)
+{
+    static const char prefix[] = "/v1/responses/";
+    const char *path = kvr_http_req_path(p->req);
+    if (!p->fixed || p->status / 100 != 2 || strcmp(kvr_http_req_method(p->req), "DELETE") ||
+        strncmp(path, prefix, sizeof(prefix) - 1))
+        return;
+    const char *id = path + sizeof(prefix) - 1;
+    if (*id && !strchr(id, '/'))
+        kvr_route_unpin_response(p->route, id, strlen(id));
+}
+
 static int on_body(void *ud, const char *data, size_t len)
 {
     preq *p = ud;
@@ -761,6 +774,7 @@ static void on_done(void *ud, kvr_upstream_err err, const char *msg, int got_hea
                                      (int64_t)p->rl_tokens,
                                  kvr_now_ms());
         pin_response(p);
+        unpin_deleted(p);
         p->final_status = p->status;
         kvr_reply_count(app, p->req, p->model, p->status);
         kvr_http_resp_end(p->req);

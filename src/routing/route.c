@@ -291,6 +291,11 @@ void kvr_route_pin_response(kvr_route *r, const char *id, size_t len, kvr_worker
         kvr_session_map_bind(r->state->pins, id, len, w->id, kvr_now_ms());
 }
 
+void kvr_route_unpin_response(kvr_route *r, const char *id, size_t len)
+{
+    kvr_session_map_remove(r->state->pins, id, len);
+}
+
 int kvr_route_find_response(kvr_route *r, const char *id, size_t len, size_t *worker_id)
 {
     return kvr_session_map_get(r->state->pins, id, len, kvr_now_ms(), worker_id) == 1;

@@ -119,6 +119,9 @@ void kvr_route_prefill_end(kvr_route *r, kvr_worker *w, double tokens, double ah
 /** Worker `w` produced the stored response `id` (len bytes): later requests continuing it
  *  go there. */
 void kvr_route_pin_response(kvr_route *r, const char *id, size_t len, kvr_worker *w);
+/** The stored response `id` (len bytes) was deleted: its pin goes (a later request naming it
+ *  is answered 404 by kvroute, as for any unknown id). */
+void kvr_route_unpin_response(kvr_route *r, const char *id, size_t len);
 /** The worker id holding response `id`, looked up without touching it: 1 and `*worker_id`,
  *  or 0 when unknown or expired. */
 int kvr_route_find_response(kvr_route *r, const char *id, size_t len, size_t *worker_id);
