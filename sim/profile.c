@@ -23,7 +23,7 @@ static const kvr_sim_profile profiles[] = {
         .summary = "Llama 3.1 70B BF16 on 4x H100 80GB, tensor parallel 4 (vLLM V1 defaults)",
         .model = "meta-llama/Llama-3.1-70B-Instruct",
         /* per GPU: (0.9 x 79.1 GiB - 32.85 GiB weights - 3 GiB) / 80 KiB per token / 16 */
-        .kv_blocks = 28958,
+        .kv_blocks = 28948,
         .max_num_seqs = 1024,
         .max_num_batched_tokens = 8192,
         .max_model_len = 131072,
