@@ -142,6 +142,29 @@ static void send_json(kvr_http_req *req, int status, const kvr_buf *b, const cha
     kvr_http_resp_simple(req, status, JSON_TYPE, h, nh, b->data ? b->data : "", b->len);
 }
 
+/* A finished non-streaming generation: x-request-id (echoed) and the request's model-time
+ * timings, so a client can read what the GPU would show whatever the time scale:
+ * x-sim-model-ttft-ms (arrival to first token), x-sim-model-e2e-ms (arrival to the last
+ * token) and x-sim-preemptions. */
+static void send_finished_json(kvr_sim_api *api, kvr_http_req *req, const kvr_buf *b,
+                               const char *xrid, const kvr_sim_seq_info *in)
+{
+    char ttft[32], e2e[32], pre[16];
+    double now = kvr_sim_sched_model_us(api->sched);
+    snprintf(ttft, sizeof(ttft), "%.3f", (in->first_token_model_us - in->arrival_model_us) / 1e3);
+    snprintf(e2e, sizeof(e2e), "%.3f", (now - in->arrival_model_us) / 1e3);
+    snprintf(pre, sizeof(pre), "%u", (unsigned)in->preemptions);
+    kvr_http_header h[4] = {
+        {"x-sim-model-ttft-ms", 19, ttft, strlen(ttft)},
+        {"x-sim-model-e2e-ms", 18, e2e, strlen(e2e)},
+        {"x-sim-preemptions", 17, pre, strlen(pre)},
+    };
+    size_t nh = 3;
+    if (xrid)
+        h[nh++] = (kvr_http_header){"x-request-id", 12, xrid, strlen(xrid)};
+    kvr_http_resp_simple(req, 200, JSON_TYPE, h, nh, b->data ? b->data : "", b->len);
+}
+
 static void send_error_ex(kvr_http_req *req, int status, const char *msg, const char *param,
                           const char *code, const kvr_http_header *extra, size_t nextra)
 {
@@ -355,7 +378,7 @@ static void finish_json(sim_req *r, const kvr_sim_seq_info *in)
     if (kvr_buf_puts(b, "}") < 0) {
         send_error(r->http, 500, "response too large", NULL);
     } else {
-        send_json(r->http, 200, b, r->xrid);
+        send_finished_json(r->api, r->http, b, r->xrid, in);
     }
     r->http = NULL;
 }
@@ -513,7 +536,7 @@ static void resp_finish_json(sim_req *r, const kvr_sim_seq_info *in)
     if (put_response(r, b, in) < 0)
         send_error(r->http, 500, "response too large", NULL);
     else
-        send_json(r->http, 200, b, r->xrid);
+        send_finished_json(r->api, r->http, b, r->xrid, in);
     r->http = NULL;
 }
 
@@ -611,7 +634,7 @@ static void msg_finish_json(sim_req *r, const kvr_sim_seq_info *in)
     if (put_message(r, b, in, 1) < 0)
         send_error(r->http, 500, "response too large", NULL);
     else
-        send_json(r->http, 200, b, r->xrid);
+        send_finished_json(r->api, r->http, b, r->xrid, in);
     r->http = NULL;
 }
 
@@ -1714,6 +1737,16 @@ static void stats(kvr_sim_api *api, kvr_http_req *req)
                         json_integer((json_int_t)kvr_sim_resp_store_count(api->responses)));
     json_object_set_new(j, "detokenize_pieces",
                         json_integer((json_int_t)kvr_sim_pieces_count(api->pieces)));
+    const kvr_sim_sched_cfg *sc = kvr_sim_sched_get_cfg(api->sched);
+    json_object_set_new(
+        j, "engine",
+        json_pack("{s:s?,s:I,s:I,s:I,s:f,s:f,s:f,s:f,s:f}", "profile", api->cfg.profile,
+                  "max_num_seqs", (json_int_t)sc->max_num_seqs, "max_num_batched_tokens",
+                  (json_int_t)sc->max_num_batched_tokens, "max_model_len",
+                  (json_int_t)api->cfg.max_model_len, "step_overhead_us", sc->step_overhead_us,
+                  "prefill_us_per_token", sc->prefill_us_per_token, "decode_us_per_token",
+                  sc->decode_us_per_token, "decode_us_per_kv_token", sc->decode_us_per_kv_token,
+                  "time_scale", sc->time_scale));
     reply_json(req, 200, j);
 }
 

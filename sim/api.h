@@ -50,6 +50,7 @@ typedef struct kvr_sim_api_cfg {
     uint64_t seed;               /**< response ids */
     size_t detokenize_cache_entries; /**< pieces remembered for /detokenize (0 = none) */
     size_t max_stored_responses;     /**< /v1/responses kept for previous_response_id */
+    const char *profile;             /**< timing profile name for /sim/stats (NULL = none) */
 } kvr_sim_api_cfg;
 
 typedef struct kvr_sim_api kvr_sim_api;

@@ -1,9 +1,13 @@
 /* kvroute-sim: command-line flags → kvr_sim_config → kvr_sim_run(). Flags are a table of
- * name, type, bounds and target field; `--name value` and `--name=value` both work. */
+ * name, type, bounds and target field; `--name value` and `--name=value` both work.
+ * `--profile NAME` (profile.h) sets a group of defaults; every other flag given overrides
+ * them wherever it stands on the command line: argv is parsed once to learn the profile, then
+ * again over the profile's values. */
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "profile.h"
 #include "sim.h"
 #include "util/flags.h"
 #include "util/log.h"
@@ -62,6 +66,29 @@ static void show_level(FILE *out, const void *t, const kvr_flag *f)
     fputs(level_names[log_level], out);
 }
 
+/* `--profile`: only checks and records the name; main() applies the profile before the flags
+ * that override it. */
+static int set_profile(void *t, const kvr_flag *f, const char *v, char *err, size_t cap)
+{
+    const kvr_sim_profile *p = kvr_sim_profile_find(v);
+    if (!p) {
+        int n = snprintf(err, cap, "--profile: unknown profile '%.100s' (known:", v);
+        for (size_t i = 0; i < kvr_sim_profile_count() && n > 0 && (size_t)n < cap; i++)
+            n += snprintf(err + n, cap - (size_t)n, " %s", kvr_sim_profile_at(i)->name);
+        if (n > 0 && (size_t)n < cap)
+            snprintf(err + n, cap - (size_t)n, ")");
+        return -1;
+    }
+    *(const char **)((char *)t + f->off) = p->name;
+    return 0;
+}
+
+static void show_profile(FILE *out, const void *t, const kvr_flag *f)
+{
+    const char *name = *(const char *const *)((const char *)t + f->off);
+    fputs(name ? name : "none", out);
+}
+
 #define F(n, t, field, lo, hi, h)                                                         \
     {.name = n, .type = KVR_FLAG_##t, .off = offsetof(kvr_sim_config, field), .min = lo,     \
      .max = hi, .help = h}
@@ -70,6 +97,8 @@ static void show_level(FILE *out, const void *t, const kvr_flag *f)
      .set = setf, .show = showf}
 
 static const kvr_flag flags[] = {
+    C("profile", profile, set_profile, show_profile,
+      "timing profile (listed below); other flags override its values"),
     F("host", STR, host, 0, 0, "HTTP bind address"),
     F("port", INT, port, 0, 65535, "HTTP port (0 = ephemeral)"),
     F("model", STR, model, 0, 0, "served model name"),
@@ -83,6 +112,8 @@ static const kvr_flag flags[] = {
     F("decode-us-per-token", DOUBLE, decode_us_per_token, 0, 1e9,
       "model µs per decoding sequence per step"),
     F("step-overhead-us", DOUBLE, step_overhead_us, 0, 1e9, "model µs per step"),
+    F("decode-us-per-kv-token", DOUBLE, decode_us_per_kv_token, 0, 1e6,
+      "model µs per context token of a decoding sequence (KV read)"),
     F("time-scale", DOUBLE, time_scale, 0, 1e6, "wall time per model time (0 = never sleep)"),
     F("kv-events-endpoint", STR, kv_events_endpoint, 0, 0, "ZMQ PUB endpoint (off if unset)"),
     F("kv-events-replay-endpoint", STR, kv_events_replay_endpoint, 0, 0,
@@ -127,6 +158,17 @@ static void usage(FILE *f, const kvr_sim_config *defaults)
     fprintf(f, "usage: kvroute-sim [--flag value]...\nA simulated vLLM worker (docs/sim.md).\n\n"
                "flags (default in brackets):\n");
     kvr_flags_usage(f, flags, NFLAGS, defaults, 28);
+    fprintf(f, "\nprofiles (--profile NAME; model time, docs/sim.md):\n");
+    for (size_t i = 0; i < kvr_sim_profile_count(); i++) {
+        const kvr_sim_profile *p = kvr_sim_profile_at(i);
+        fprintf(f, "  %-22s %s\n  %-22s model %s, %u KV blocks, max_num_seqs %u, "
+                   "max_num_batched_tokens %u,\n  %-22s step %g us + %g us/prefill token + "
+                   "%g us/decoding seq + %g us/KV token\n",
+                p->name, p->summary, "", p->model, p->kv_blocks, p->max_num_seqs,
+                p->max_num_batched_tokens, "", p->timing.step_overhead_us,
+                p->timing.prefill_us_per_token, p->timing.decode_us_per_token,
+                p->timing.decode_us_per_kv_token);
+    }
 }
 
 int main(int argc, char **argv)
@@ -135,6 +177,13 @@ int main(int argc, char **argv)
     kvr_sim_config_default(&c);
     char err[512];
     int rc = kvr_flags_parse(flags, NFLAGS, &c, argc, argv, err, sizeof(err));
+    if (rc == 0 && c.profile) {
+        /* Again over the profile's values, so the flags given override them. */
+        const char *profile = c.profile;
+        kvr_sim_config_default(&c);
+        kvr_sim_config_apply_profile(&c, profile);
+        rc = kvr_flags_parse(flags, NFLAGS, &c, argc, argv, err, sizeof(err));
+    }
     if (rc == 1) {
         kvr_sim_config_default(&c); /* show defaults, not flags given before --help */
         log_level = KVR_LOG_INFO;

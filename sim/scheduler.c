@@ -8,6 +8,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "timing.h"
 #include "tokenizer.h"
 #include "util/log.h"
 #include "util/time.h"
@@ -48,7 +49,7 @@ struct kvr_sim_sched {
     size_t nwaiting;
     step_ent *step;
     size_t nstep;
-    size_t step_prefill_tokens, step_decode_seqs;
+    kvr_sim_step_load load; /* the step being scheduled */
     uint32_t *tmp;
     size_t tmp_cap;
     int busy, closing;
@@ -196,10 +197,12 @@ static void add_to_step(kvr_sim_sched *s, kvr_sim_seq *q, size_t n)
     s->step[s->nstep].n = n;
     s->nstep++;
     q->in_step = 1;
-    if (n == 1 && q->info.output_tokens > 0 && q->num_computed + 1 == q->ntok)
-        s->step_decode_seqs++;
-    else
-        s->step_prefill_tokens += n;
+    if (n == 1 && q->info.output_tokens > 0 && q->num_computed + 1 == q->ntok) {
+        s->load.decode_seqs++;
+        s->load.decode_kv_tokens += q->ntok; /* attends to its whole context */
+    } else {
+        s->load.prefill_tokens += n;
+    }
 }
 
 /* vLLM's Scheduler.schedule() for the FCFS policy. Returns the number of sequences in the step. */
@@ -208,7 +211,7 @@ static size_t schedule(kvr_sim_sched *s)
     size_t budget = s->cfg.max_num_batched_tokens;
     int preempted = 0;
     s->nstep = 0;
-    s->step_prefill_tokens = s->step_decode_seqs = 0;
+    s->load = (kvr_sim_step_load){0};
     for (size_t i = 0; i < s->nrunning && budget > 0; i++) {
         kvr_sim_seq *q = s->running[i];
         size_t n = q->ntok - q->num_computed;
@@ -272,8 +275,11 @@ static size_t schedule(kvr_sim_sched *s)
 
 static double step_cost(const kvr_sim_sched *s)
 {
-    return s->cfg.step_overhead_us + (double)s->step_prefill_tokens * s->cfg.prefill_us_per_token +
-           (double)s->step_decode_seqs * s->cfg.decode_us_per_token;
+    kvr_sim_timing t = {.step_overhead_us = s->cfg.step_overhead_us,
+                        .prefill_us_per_token = s->cfg.prefill_us_per_token,
+                        .decode_us_per_token = s->cfg.decode_us_per_token,
+                        .decode_us_per_kv_token = s->cfg.decode_us_per_kv_token};
+    return kvr_sim_step_cost_us(&t, &s->load);
 }
 
 /* vLLM's update_from_output(): the step's tokens are computed; sample, deliver, finish. */
@@ -514,6 +520,11 @@ size_t kvr_sim_sched_step(kvr_sim_sched *s)
     s->last_cost = step_cost(s);
     complete_step(s);
     return n;
+}
+
+const kvr_sim_sched_cfg *kvr_sim_sched_get_cfg(const kvr_sim_sched *s)
+{
+    return &s->cfg;
 }
 
 double kvr_sim_sched_last_cost_us(const kvr_sim_sched *s)

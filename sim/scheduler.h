@@ -15,7 +15,8 @@
  * - Full blocks enter the prefix cache when they are scheduled (prompt blocks at prefill and
  *   blocks filled by generated tokens while decoding), exactly as vLLM's cache_blocks().
  * - A step costs step_overhead_us + prefill_tokens × prefill_us_per_token
- *   + decoding_sequences × decode_us_per_token, times time_scale, in wall time. Tokens
+ *   + decoding_sequences × decode_us_per_token + their context tokens × decode_us_per_kv_token
+ *   model µs (timing.h), times time_scale in wall time. Tokens
  *   computed after a preemption count as prefill. When the step ends, every sequence whose
  *   known tokens are all computed samples one token (its first token ends the prefill; TTFT).
  *   A sequence finishes after max_tokens tokens (ignore_eos), freeing its blocks last-first.
@@ -41,6 +42,7 @@ typedef struct kvr_sim_sched_cfg {
     uint32_t max_num_batched_tokens; /**< tokens per step (vLLM: 8192 on H100) */
     double prefill_us_per_token;     /**< µs per prefill token */
     double decode_us_per_token;      /**< µs per decoding sequence per step */
+    double decode_us_per_kv_token;   /**< µs per context token of a decoding sequence (KV read) */
     double step_overhead_us;         /**< µs per step */
     double time_scale;               /**< wall time = model time × time_scale (0: no sleep) */
     uint64_t seed;                   /**< mixed into every sequence's output */
@@ -101,6 +103,8 @@ uint64_t kvr_sim_seq_gen_seed(const kvr_sim_seq *seq);
 /** Manual mode (loop NULL): schedules and completes one step. Returns the number of sequences
  *  that ran in it (0 when idle). The step's model cost is kvr_sim_sched_last_cost_us(). */
 size_t kvr_sim_sched_step(kvr_sim_sched *s);
+/** The engine's settings as used (max_num_seqs and max_num_batched_tokens at least 1). */
+const kvr_sim_sched_cfg *kvr_sim_sched_get_cfg(const kvr_sim_sched *s);
 /** Model cost of the last scheduled step, µs (before time_scale). */
 double kvr_sim_sched_last_cost_us(const kvr_sim_sched *s);
 /** Model clock: the sum of all step costs so far, µs (independent of time_scale). */

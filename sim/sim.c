@@ -10,6 +10,7 @@
 #include "http/server.h"
 #include "kvcache.h"
 #include "obs/metrics.h"
+#include "profile.h"
 #include "scheduler.h"
 #include "util/log.h"
 #include "util/rand.h"
@@ -44,6 +45,25 @@ void kvr_sim_config_default(kvr_sim_config *c)
         .max_stored_responses = 10000,
     };
     kvr_sim_faults_default(&c->faults);
+}
+
+int kvr_sim_config_apply_profile(kvr_sim_config *c, const char *name)
+{
+    const kvr_sim_profile *p = kvr_sim_profile_find(name);
+    if (!p)
+        return -1;
+    c->profile = p->name;
+    c->model = p->model;
+    c->kv_blocks = p->kv_blocks;
+    c->block_size = KVR_SIM_PROFILE_BLOCK_SIZE;
+    c->max_num_seqs = p->max_num_seqs;
+    c->max_num_batched_tokens = p->max_num_batched_tokens;
+    c->max_model_len = p->max_model_len;
+    c->step_overhead_us = p->timing.step_overhead_us;
+    c->prefill_us_per_token = p->timing.prefill_us_per_token;
+    c->decode_us_per_token = p->timing.decode_us_per_token;
+    c->decode_us_per_kv_token = p->timing.decode_us_per_kv_token;
+    return 0;
 }
 
 typedef struct sim {
@@ -127,6 +147,7 @@ int kvr_sim_run(const kvr_sim_config *c)
         .prefill_us_per_token = c->prefill_us_per_token,
         .decode_us_per_token = c->decode_us_per_token,
         .step_overhead_us = c->step_overhead_us,
+        .decode_us_per_kv_token = c->decode_us_per_kv_token,
         .time_scale = c->time_scale,
         .seed = c->seed,
         .on_step_done = s.events ? flush_events : NULL,
@@ -142,7 +163,8 @@ int kvr_sim_run(const kvr_sim_config *c)
                           .max_waiting = c->max_waiting,
                           .seed = c->seed,
                           .detokenize_cache_entries = c->detokenize_cache_entries,
-                          .max_stored_responses = c->max_stored_responses};
+                          .max_stored_responses = c->max_stored_responses,
+                          .profile = c->profile};
     s.api = s.vm ? kvr_sim_api_new(&s.loop, &ac, s.sched, s.kv, s.events, &s.faults, s.reg, s.vm)
                  : NULL;
     if (!s.api) {
@@ -171,9 +193,10 @@ int kvr_sim_run(const kvr_sim_config *c)
         uv_signal_start(&s.sigterm, on_signal, SIGTERM);
         kvr_sim_api_set_port(s.api, kvr_http_server_port(s.server));
         KVR_INFO("msg=\"kvroute-sim listening\" addr=%s:%d model=\"%s\" kv_blocks=%u "
-                 "block_size=%u time_scale=%g kv_events=\"%s\"",
+                 "block_size=%u time_scale=%g profile=%s kv_events=\"%s\"",
                  c->host, kvr_http_server_port(s.server), c->model, c->kv_blocks, c->block_size,
-                 c->time_scale, c->kv_events_endpoint ? c->kv_events_endpoint : "");
+                 c->time_scale, c->profile ? c->profile : "none",
+                 c->kv_events_endpoint ? c->kv_events_endpoint : "");
     }
     uv_run(&s.loop, UV_RUN_DEFAULT);
     if (uv_loop_close(&s.loop) != 0)

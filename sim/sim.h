@@ -24,6 +24,8 @@ typedef struct kvr_sim_config {
     double prefill_us_per_token;     /**< µs (25) */
     double decode_us_per_token;      /**< µs per decoding sequence per step (80) */
     double step_overhead_us;         /**< µs per step (6000) */
+    double decode_us_per_kv_token;   /**< µs per context token of a decoding sequence (0) */
+    const char *profile;             /**< timing profile applied (profile.h), NULL = none */
     double time_scale;               /**< wall = model × scale (1; 0 = no sleeping) */
     const char *kv_events_endpoint;  /**< NULL = no KV events */
     const char *kv_events_replay_endpoint;
@@ -44,6 +46,10 @@ typedef struct kvr_sim_config {
 
 /** Fills `c` with the defaults. */
 void kvr_sim_config_default(kvr_sim_config *c);
+/** Sets the fields a profile defines (model, KV blocks, block size 16, batching limits,
+ *  max_model_len, step costs) from the profile named `name` and records the name. Returns 0,
+ *  or -1 (nothing changed) for an unknown name. */
+int kvr_sim_config_apply_profile(kvr_sim_config *c, const char *name);
 /** Runs the simulator until SIGINT/SIGTERM. Returns the process exit status (0, or 1 when a
  *  socket cannot be bound or memory runs out at start). */
 int kvr_sim_run(const kvr_sim_config *c);
