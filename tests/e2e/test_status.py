@@ -19,7 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import (MODEL, REPO, SIM_MODEL, SSL_CTX, Metrics, free_port, wait_until)
+from conftest import (KVROUTE_BIN, MODEL, REPO, SIM_MODEL, SSL_CTX, Proc, free_port,
+                      wait_until)
 
 TOKEN = "status-Token.17"
 STATUS_WORKER_FIELDS = {"name", "url", "eligible", "healthy", "breaker", "draining", "inflight",
@@ -315,6 +316,33 @@ def test_access_log_is_off_by_default_and_bad_path_refuses_to_start(stub, kvrout
     wait_until(lambda: not bad.proc.alive(), 5.0, 0.05, "kvroute to refuse the path")
     assert bad.proc.returncode() != 0
     assert "--access-log" in bad.proc.stderr_text()
+
+
+def test_access_log_dash_writes_to_stdout(stub, procs, tmp_path):
+    if not KVROUTE_BIN.exists():
+        pytest.skip("kvroute binary not built")
+    w = stub()
+    port = free_port()
+    out = open(tmp_path / "stdout", "wb")
+    try:
+        p = Proc([str(KVROUTE_BIN), "--worker", w.url, "--model", MODEL, "--host", "127.0.0.1",
+                  "--port", str(port), "--access-log", "-"], tmp_path / "kvroute-dash.stderr",
+                 stdout=out)
+    finally:
+        out.close()
+    procs.procs.append(p)
+    url = "http://127.0.0.1:%d" % port
+
+    def ready():
+        return httpx.get(url + "/healthz", timeout=1.0, verify=SSL_CTX).status_code == 200
+    wait_until(ready, 10.0, 0.05, "kvroute ready")
+    r = httpx.post(url + "/v1/chat/completions", timeout=5.0, verify=SSL_CTX, json={
+        "model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 200, r.text
+    lines = read_lines(tmp_path / "stdout", 1)
+    assert len(lines) == 1 and list(lines[0]) == ACCESS_FIELDS
+    assert lines[0]["request_id"] == r.headers["x-request-id"] and lines[0]["key"] is None
+    assert "listening" in p.stderr_text()  # kvroute's own log: stderr
 
 
 # ============================================================================ Grafana
