@@ -7,7 +7,10 @@ CFLAGS  ?= -O2 -g
 KVR_CFLAGS := -std=c17 -D_GNU_SOURCE -Wall -Wextra -Werror -Isrc $(shell pkg-config --cflags $(PKGS))
 LDLIBS  := $(shell pkg-config --libs $(PKGS)) -lhttp_parser -lm -lpthread
 
-LIB_SRCS   := $(filter-out src/main.c,$(shell find src -name '*.c' | sort))
+# The admin status page (web/) is embedded as a generated C source (scripts/embed_web.sh).
+WEB_FILES  := $(sort $(wildcard web/*))
+WEB_C      := $(BUILD)/gen/web_assets.c
+LIB_SRCS   := $(filter-out src/main.c,$(shell find src -name '*.c' | sort)) $(WEB_C)
 SIM_SRCS   := $(shell find sim -name '*.c' 2>/dev/null | sort)
 BENCH_SRCS := $(shell find bench -name '*.c' 2>/dev/null | sort)
 UNIT_SRCS  := $(shell find tests/unit -name 'test_*.c' 2>/dev/null | sort)
@@ -24,6 +27,10 @@ all: $(PROGS) $(UNIT_BINS)
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(KVR_CFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(WEB_C): $(WEB_FILES) scripts/embed_web.sh
+	@mkdir -p $(dir $@)
+	sh scripts/embed_web.sh $(WEB_FILES) > $@.tmp && mv $@.tmp $@
 
 $(BUILD)/libkvr.a: $(LIB_OBJS)
 	@rm -f $@

@@ -12,6 +12,7 @@ PKGS=(
   libzmq3-dev libmsgpack-dev libxxhash-dev libcmocka-dev
   python3 python3-pytest python3-httpx python3-zmq python3-msgpack
   nodejs wrk nginx-light gnuplot-nox curl procps
+  chromium
 )
 missing=()
 for p in "${PKGS[@]}"; do

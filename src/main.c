@@ -16,7 +16,9 @@
 #include "proxy/proxy.h"
 #include "app/app.h"
 #include "events/kvevents.h"
+#include "obs/access_log.h"
 #include "obs/otlp.h"
+#include "obs/status_stats.h"
 #include "proxy/tokenize.h"
 #include "util/log.h"
 #include "util/rand.h"
@@ -28,7 +30,7 @@
 #include "workers/scrape.h"
 
 static kvr_app g_app;
-static uv_signal_t g_sigterm, g_sigint, g_sighup;
+static uv_signal_t g_sigterm, g_sigint, g_sighup, g_sigusr1;
 static uv_timer_t g_drain_timer, g_sweep_timer, g_breaker_timer;
 static kvr_http_server *g_admin;
 static uint64_t g_drain_deadline_ms;
@@ -45,6 +47,9 @@ static void on_http_closed(void *ud)
     app->kv = NULL;
     kvr_otlp_close(app->otlp);
     app->otlp = NULL;
+    /* Every request has ended: its access-log line is buffered; write it and close. */
+    kvr_access_log_close(app->access);
+    app->access = NULL;
     kvr_upstream_close(app->up);
 }
 
@@ -66,6 +71,7 @@ static void shutdown_all(void)
     uv_close((uv_handle_t *)&g_sigterm, NULL);
     uv_close((uv_handle_t *)&g_sigint, NULL);
     uv_close((uv_handle_t *)&g_sighup, NULL);
+    uv_close((uv_handle_t *)&g_sigusr1, NULL);
     kvr_health_stop();
     /* The upstream client goes last: closing client connections cancels their attempts. */
     kvr_http_server_close(app->http, on_http_closed, app);
@@ -120,6 +126,20 @@ static void on_sighup(uv_signal_t *s, int signum)
     kvr_errlist errs = {0};
     kvr_app_reload(&g_app, &errs);
     kvr_errlist_free(&errs);
+}
+
+/* Log rotation: the access log is reopened under its name (kvroute's own log is stderr). */
+static void on_sigusr1(uv_signal_t *s, int signum)
+{
+    (void)s, (void)signum;
+    char err[512];
+    if (!g_app.access)
+        return;
+    if (kvr_access_log_reopen(g_app.access, err, sizeof(err)) < 0)
+        KVR_WARN("msg=\"SIGUSR1: cannot reopen the access log: the old file stays in use\" "
+                 "error=\"%s\"", err);
+    else
+        KVR_INFO("msg=\"SIGUSR1: access log reopened\" path=%s", g_app.cfg.access_log);
 }
 
 static void on_signal(uv_signal_t *s, int signum)
@@ -209,6 +229,15 @@ int main(int argc, char **argv)
     app->reg = kvr_registry_new();
     app->metrics = kvr_metrics_new();
     kvr_app_metrics_init(app);
+    app->status = kvr_status_stats_new(app->cfg.status_ttft_samples, kvr_now_ms());
+    if (app->cfg.access_log) {
+        app->access = kvr_access_log_open(app->loop, app->cfg.access_log,
+                                          app->cfg.access_log_buffer_bytes, err, sizeof(err));
+        if (!app->access) {
+            fprintf(stderr, "kvroute: %s\n", err);
+            return 1;
+        }
+    }
     app->cfg.upstream.allow_connect = kvr_app_allow_connect;
     app->cfg.upstream.allow_connect_ud = app;
     app->up = kvr_upstream_new(app->loop, &app->cfg.upstream);
@@ -258,6 +287,8 @@ int main(int argc, char **argv)
     uv_signal_start(&g_sigterm, on_signal, SIGTERM);
     uv_signal_start(&g_sigint, on_signal, SIGINT);
     uv_signal_start(&g_sighup, on_sighup, SIGHUP);
+    uv_signal_init(app->loop, &g_sigusr1);
+    uv_signal_start(&g_sigusr1, on_sigusr1, SIGUSR1);
     uv_timer_init(app->loop, &g_drain_timer);
     kvr_health_start(&app->wctx);
     KVR_INFO("msg=\"listening\" addr=%s:%d default_policy=%s workers=%zu routes=%zu mode=%s "
@@ -283,6 +314,7 @@ int main(int argc, char **argv)
     kvr_ratelimits_free(app->ratelimits);
     kvr_admission_free(app->admission);
     kvr_metrics_free(app->metrics);
+    kvr_status_stats_free(app->status);
     kvr_registry_free(app->reg);
     if (app->live && app->live != &app->cfg) {
         kvr_config_free(app->live);

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "app/reply.h"
+#include "api/status.h"
 #include "api/validate.h"
 #include "api/workers_admin.h"
 #include "events/kvevents.h"
@@ -329,12 +330,17 @@ static const struct {
     {"/routes", 0, "GET", routes},
     {"/reload", 0, "POST", reload},
     {"/debug/route", 0, "POST", debug_route},
+    {"/status", 0, "GET, HEAD", kvr_admin_status},
 };
 
 void kvr_admin_handle(kvr_http_req *r, void *ud)
 {
     kvr_app *app = ud;
     const char *path = kvr_http_req_path(r), *method = kvr_http_req_method(r);
+    /* The status page's own files carry no data: served without the token (the page asks
+     * for it and sends it with every GET /status). */
+    if (kvr_admin_web(r))
+        return;
     if (!authorized(r)) {
         kvr_http_header h = {"WWW-Authenticate", 16, "Bearer", 6};
         kvr_admin_reply_error(r, 401, "missing or wrong admin bearer token", &h, 1);

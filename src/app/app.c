@@ -1,6 +1,7 @@
 /* Metric families and the served model list. */
 #include "app/app.h"
 
+#include "obs/access_log.h"
 #include "obs/otlp.h"
 
 #include <stdlib.h>
@@ -108,6 +109,7 @@ static void refresh_workers(void *ud)
         kvr_metric_set(app->m.healthy, lv, w->healthy);
         kvr_metric_set(app->m.breaker_state, lv, (double)w->breaker.state);
     }
+    kvr_metric_set(app->m.access_dropped, NULL, (double)kvr_access_log_dropped(app->access));
 }
 
 void kvr_app_metrics_init(kvr_app *app)
@@ -263,6 +265,11 @@ void kvr_app_metrics_init(kvr_app *app)
     const char *ok[] = {"ok"}, *error[] = {"error"};
     kvr_metric_inc(m->reloads, ok, 0);
     kvr_metric_inc(m->reloads, error, 0);
+    m->access_dropped = kvr_metrics_counter(r, "kvroute_access_log_dropped_total",
+                                            "Access-log lines dropped: buffer full or write "
+                                            "error (--access-log)",
+                                            0, NULL);
+    kvr_metric_set(m->access_dropped, NULL, 0);
     kvr_metrics_add_process(r);
     kvr_metrics_on_render(r, refresh_workers, app);
 }

@@ -54,6 +54,8 @@ typedef struct kvr_app_metrics {
     kvr_metric *kv_blocks;         /**< kvroute_kv_blocks{model,worker,medium} */
     kvr_metric *tokenize_seconds;  /**< kvroute_tokenize_seconds{model} (histogram) */
     kvr_metric *tokenize;          /**< kvroute_tokenize_total{model,source} */
+    kvr_metric *access_dropped;    /**< kvroute_access_log_dropped_total (mirrors the sink's
+                                        count at render) */
 } kvr_app_metrics;
 
 /** A worker added at run time (POST /workers). The fleet is built from the configuration plus
@@ -108,6 +110,9 @@ typedef struct kvr_app {
     struct kvr_kv_events *kv;            /**< KV events and the KV block index */
     struct kvr_tokenizer *tokenizer;     /**< prompt token ids for precise routing */
     struct kvr_otlp *otlp;               /**< span exporter (NULL: no --otlp-endpoint) */
+    struct kvr_access_log *access;       /**< the access log (NULL: no --access-log) */
+    struct kvr_status_stats *status;     /**< the admin GET /status figures (NULL = none
+                                              kept) */
 } kvr_app;
 
 /** Registers kvroute's metric families in app->metrics (which must exist). */

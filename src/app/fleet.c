@@ -354,6 +354,10 @@ static void log_ignored(const kvr_config *old, const kvr_config *c)
         {"discovery_interval", old->discovery_interval_s != c->discovery_interval_s},
         {"otlp_endpoint", !old->otlp.endpoint != !c->otlp.endpoint ||
                               (c->otlp.endpoint && strcmp(old->otlp.endpoint, c->otlp.endpoint))},
+        {"access_log", !old->access_log != !c->access_log ||
+                           (c->access_log && strcmp(old->access_log, c->access_log))},
+        {"access_log_buffer_bytes", old->access_log_buffer_bytes != c->access_log_buffer_bytes},
+        {"status_ttft_samples", old->status_ttft_samples != c->status_ttft_samples},
     };
     for (size_t i = 0; i < sizeof(s) / sizeof(s[0]); i++)
         if (s[i].changed)

@@ -2,9 +2,37 @@
 #include "app/reply.h"
 
 #include <stdio.h>
+#include <string.h>
 
+#include "obs/access_log.h"
+#include "obs/status_stats.h"
+#include "proxy/access_line.h"
 #include "util/oai_error.h"
 #include "util/time.h"
+
+void kvr_reply_done(kvr_app *app, const kvr_span_facts *f)
+{
+    kvr_status_stats_request(app->status, kvr_now_ms(), f->status);
+    if (!app->access)
+        return;
+    kvr_buf b;
+    kvr_buf_init(&b, 0);
+    if (kvr_access_line(&b, f, kvr_unix_ns() / 1000000) == 0)
+        kvr_access_log_write(app->access, b.data, b.len);
+    kvr_buf_free(&b);
+}
+
+/* The end of a request answered without routing: what is known of it. */
+static void unrouted_done(kvr_app *app, kvr_http_req *r, int status)
+{
+    const char *key = kvr_http_req_tag(r);
+    kvr_span_facts f = {.request_id = kvr_http_req_header(r, "x-request-id"),
+                        .status = status, .match = -1, .ttft_ms = -1, .headers_ms = -1,
+                        .client = kvr_http_req_peer(r),
+                        .key = key && strcmp(key, "-") ? key : NULL,
+                        .start_mono_ns = kvr_http_req_start_ns(r), .end_mono_ns = kvr_now_ns()};
+    kvr_reply_done(app, &f);
+}
 
 void kvr_reply_count(kvr_app *app, kvr_http_req *r, const char *model, int status)
 {
@@ -34,6 +62,8 @@ void kvr_reply_error_typed(kvr_app *app, kvr_http_req *r, const char *model, int
     kvr_buf_init(&b, 0);
     kvr_error_json_for(&b, kvr_http_req_path(r), status, type, message, param, code);
     kvr_reply_count(app, r, model, status);
+    if (!model)
+        unrouted_done(app, r, status);
     kvr_http_resp_simple(r, status, "application/json", extra, n, b.data, b.len);
     kvr_buf_free(&b);
 }

@@ -186,6 +186,14 @@ static const kvr_flag flags[] = {
        "spans waiting for export (more are dropped and counted)"),
     FL("otlp-timeout-ms", U64, otlp.timeout_ms, 1, 3600000,
        "an OTLP export not answered by then is abandoned (its spans dropped)"),
+    FL("access-log", STR, access_log, 0, 0,
+       "JSON-lines access log, one line per API request: a file, or - for stdout "
+       "(unset = off; reopened on SIGUSR1)"),
+    FL("access-log-buffer-bytes", SIZE, access_log_buffer_bytes, 4096, 1e10,
+       "access-log bytes held before they are written (lines past it are dropped and "
+       "counted)"),
+    FL("status-ttft-samples", SIZE, status_ttft_samples, 1, 1e7,
+       "recent TTFTs the admin GET /status takes its p50/p99 from"),
 };
 
 #define NFLAGS (sizeof(flags) / sizeof(flags[0]))
@@ -271,6 +279,8 @@ void kvr_config_default(kvr_config *c)
     c->teach_completion_max_bytes = 262144;
     c->tokenize = (kvr_tokenize_cfg){.timeout_ms = 100, .cache_entries = 4096};
     kvr_otlp_cfg_default(&c->otlp);
+    c->access_log_buffer_bytes = 1u << 20;
+    c->status_ttft_samples = 1024;
     kvr_http_limits_default(&c->http);
     kvr_upstream_opts_default(&c->upstream);
 }

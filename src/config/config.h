@@ -170,6 +170,11 @@ typedef struct kvr_config {
     kvr_otlp_cfg otlp;             /**< --otlp-endpoint, --otlp-sample-ratio,
                                         --otlp-service-name, --otlp-batch-size,
                                         --otlp-flush-ms, --otlp-max-queue, --otlp-timeout-ms */
+    const char *access_log;        /**< --access-log FILE or "-" (stdout); NULL = off */
+    size_t access_log_buffer_bytes; /**< --access-log-buffer-bytes: access-log bytes held
+                                        before written (1 MiB); lines past it are dropped */
+    size_t status_ttft_samples;    /**< --status-ttft-samples: recent TTFTs behind /status's
+                                        ttft_ms p50/p99 (1024) */
     const char **kv_events_args;   /**< each --kv-events WORKER_URL=ENDPOINT[,REPLAY] as given,
                                         applied over the workers' own kv_events at load */
     size_t nkv_events_args;

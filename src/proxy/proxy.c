@@ -10,6 +10,7 @@
 #include <strings.h>
 
 #include "app/reply.h"
+#include "obs/status_stats.h"
 #include "proxy/admission.h"
 #include "proxy/headers.h"
 #include "proxy/ratelimit.h"
@@ -88,6 +89,8 @@ typedef struct preq {
     uint64_t tok_start_ns;
     uint64_t start_ns;    /* the request's arrival (kvr_now_ns) */
     uint64_t first_byte_ns; /* the relayed answer's first body byte, 0 before */
+    uint64_t headers_ns;  /* when the worker's response headers were relayed, 0 before */
+    char client[64];      /* the client's address (the request is gone when preq_free runs) */
     int final_status;     /* what the client was answered: the server span's status */
     kvr_req_trace tr;     /* the request's trace (tr.on when --otlp-endpoint is set) */
     char span_name[80];   /* "METHOD /endpoint" */
@@ -131,6 +134,7 @@ static void count_decision(preq *p)
     p->counted = 1;
     const char *lv[] = {p->model, p->route->ops->name, p->pick.decision};
     kvr_metric_inc(p->app->m.decisions, lv, 1);
+    kvr_status_stats_decision(p->app->status, p->pick.decision);
 }
 
 static preq *g_live;
@@ -151,7 +155,7 @@ static void span_facts(const preq *p, kvr_span_facts *f)
                           .policy = p->route->ops->name, .request_id = p->request_id,
                           .has_usage = p->usage.found, .prompt = p->usage.prompt,
                           .cached = p->usage.cached, .completion = p->usage.completion,
-                          .match = -1, .ttft_ms = -1};
+                          .match = -1, .ttft_ms = -1, .headers_ms = -1};
 }
 
 /* Records the current attempt's client span, once, when the attempt is over. */
@@ -177,12 +181,12 @@ static void attempt_span_close(preq *p)
     kvr_span_attempt(p->app->otlp, &p->tr, &f);
 }
 
-/* Records the request's server span (its last attempt's span first). */
-static void server_span(preq *p)
+/* The request's end: its server span (its last attempt's span first), its access-log line
+ * and its /status count, all from the same facts. */
+static void request_done(preq *p)
 {
-    if (!p->tr.on)
-        return;
-    attempt_span_close(p);
+    if (!p->app)
+        return; /* never started (out of memory): answered and counted by kvr_reply_error */
     kvr_span_facts f;
     span_facts(p, &f);
     f.decision = p->pick.decision;
@@ -194,12 +198,21 @@ static void server_span(preq *p)
     f.end_mono_ns = kvr_now_ns();
     if (p->first_byte_ns)
         f.ttft_ms = (double)(p->first_byte_ns - p->start_ns) / 1e6;
-    kvr_span_server(p->app->otlp, &p->tr, &f);
+    if (p->headers_ns)
+        f.headers_ms = (double)(p->headers_ns - p->start_ns) / 1e6;
+    f.stream = p->sse;
+    f.client = p->client;
+    f.key = strcmp(p->key, "-") ? p->key : NULL;
+    if (p->tr.on) {
+        attempt_span_close(p);
+        kvr_span_server(p->app->otlp, &p->tr, &f);
+    }
+    kvr_reply_done(p->app, &f);
 }
 
 static void preq_free(preq *p)
 {
-    server_span(p);
+    request_done(p);
     prefill_close(p, 0); /* attempts close it as they end; this only guards against a leak */
     if (p->prev)
         p->prev->next = p->next;
@@ -353,6 +366,7 @@ static void count_usage(preq *p)
     kvr_metric_inc(p->app->m.prompt_tokens, lv, (double)p->usage.prompt);
     kvr_metric_inc(p->app->m.cached_tokens, lv, (double)p->usage.cached);
     kvr_metric_inc(p->app->m.completion_tokens, lv, (double)p->usage.completion);
+    kvr_status_stats_tokens(p->app->status, kvr_now_ms(), p->usage.prompt, p->usage.cached);
     count_prediction(p);
 }
 
@@ -513,6 +527,7 @@ static void on_headers(void *ud, int status, const kvr_http_header *h, size_t n)
     if (p->teach_reply)
         kvr_usage_want_reply(&p->usage, p->app->cfg.teach_completion_max_bytes);
     kvr_http_resp_start(p->req, status, out, k, clen);
+    p->headers_ns = kvr_now_ns();
     /* Teach when the 2xx headers arrive (DESIGN §10): a burst sharing a new prefix gains
      * affinity as soon as the first answer starts; failed attempts teach nothing. */
     if (ok && teaches(p)) {
@@ -610,6 +625,8 @@ static int on_body(void *ud, const char *data, size_t len)
         prefill_close(p, 1);
         const char *lv[] = {p->model, kvr_http_req_endpoint(p->req)};
         kvr_metric_observe(p->app->m.ttft, lv, (double)(p->first_byte_ns - p->start_ns) / 1e9);
+        kvr_status_stats_ttft(p->app->status, kvr_now_ms(),
+                              (double)(p->first_byte_ns - p->start_ns) / 1e6);
     }
     /* Check the watermark before taking bytes: a refusal means libcurl redelivers them. */
     if (kvr_http_resp_pending(p->req) > p->app->cfg.http.write_high_water) {
@@ -918,6 +935,7 @@ static preq *preq_new(kvr_app *app, kvr_http_req *r, kvr_endpoint ep, kvr_route 
     preq_link(p);
     set_request_id(p);
     p->key = kvr_http_req_tag(r) ? kvr_http_req_tag(r) : "-";
+    snprintf(p->client, sizeof(p->client), "%s", kvr_http_req_peer(r));
     p->start_ns = kvr_http_req_start_ns(r);
     if (app->otlp) {
         snprintf(p->method, sizeof(p->method), "%s", kvr_http_req_method(r));

@@ -26,6 +26,12 @@ typedef struct kvr_span_facts {
     int has_usage;           /**< the worker reported usage: the token counts below are set */
     long long prompt, cached, completion; /**< tokens, kvroute's usage counters' meaning */
     double ttft_ms;          /**< kvroute.ttft_ms: to the first body byte, or < 0 */
+    double headers_ms;       /**< to the response headers relayed to the client, or < 0
+                                  (the access log's ttft_ms of a non-streaming answer) */
+    int stream;              /**< the answer relayed was an SSE stream */
+    const char *client;      /**< the client's address ("ip:port"), access log only */
+    const char *key;         /**< the client key's name (never the key), NULL without client
+                                  auth; access log only */
     uint64_t start_mono_ns, end_mono_ns; /**< kvr_now_ns() clock */
 } kvr_span_facts;
 
