@@ -114,7 +114,7 @@ def main():
     print()
     print("latency under load: %s (model seconds; SLO TTFT <= %s s and ITL, for %d %% of requests)"
           % (title, fmt(slo_ttft, 1), GOAL * 100))
-    key = lambda r: float("%.5g" % r)  # the bound's rates reach the policies printed to 6 digits
+    key = lambda r: float("%.4g" % r)  # the bound's rates reach the policies printed to 6 digits
     rates = sorted({key(p["offered_rate"]) for sw in sweeps.values() for p in sw})
     print("%-16s %s" % ("TTFT p90 s", " ".join("%8.3g" % r for r in rates)) + "   (sessions/s)")
     for label, _ in runs:
@@ -160,14 +160,14 @@ def main():
             ("ttft", 2, "TTFT p90 (model s)", "set logscale y\n"),
             ("goodput", 3, "goodput (% of requests within the SLO)", "set yrange [0:105]\n")):
         script = ('set terminal pngcairo size 900,520 font "sans,10"\nset output "%s-%s.png"\n'
-                  'set title "%s: %s against offered load"\nset xlabel "offered load (sessions per'
+                  'set title "%s: %s against offered load" noenhanced\nset xlabel "offered load (sessions per'
                   ' model second)"\nset ylabel "%s"\nset grid\nset key top left\n%s'
                   % (base, kind, title.replace('"', "'"), ylabel, ylabel, extra))
         if kind == "ttft" and slo_ttft:
             script += "set arrow from graph 0, first %s to graph 1, first %s nohead dt 2\n" % (slo_ttft, slo_ttft)
         if kind == "goodput":
             script += "set arrow from graph 0, first 90 to graph 1, first 90 nohead dt 2\n"
-        script += "plot " + ", ".join('"%s" using 1:%d with linespoints lw 2 title "%s"' % (d, col, l)
+        script += "plot " + ", ".join('"%s" using 1:%d with linespoints lw 2 title "%s" noenhanced' % (d, col, l)
                                       for d, l in plots) + "\n"
         subprocess.run(["gnuplot"], input=script, text=True, check=True, timeout=60)
         print("compare.sh: wrote %s-%s.png" % (base, kind), file=sys.stderr)
