@@ -2,6 +2,7 @@
  * kvroute-sim) and report what caching and routing bought. Usage: docs/bench.md. */
 #include <curl/curl.h>
 #include <getopt.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +11,7 @@
 
 #include "replay.h"
 #include "report.h"
+#include "sweep.h"
 #include "trace.h"
 
 static volatile sig_atomic_t g_stop;
@@ -32,13 +34,28 @@ static void usage(FILE *f)
         "  --format F                  tau | sweagent | sharegpt | mtbench | mooncake | azure\n"
         "  --model NAME                model name (default: first id of GET URL/v1/models)\n"
         "  --api-key KEY               sent as Authorization: Bearer KEY\n"
+        "Every time is in model seconds, what the GPU would show: the workers' --time-scale F\n"
+        "runs a model second in F wall seconds, and the bench divides what it measures by F.\n"
         "arrivals (one of):\n"
         "  --concurrency N             closed loop, N sessions active at a time (default 8)\n"
-        "  --rate R                    open loop, Poisson session arrivals, R per second\n"
+        "  --rate R                    open loop, Poisson session arrivals, R per model second\n"
         "  --timestamps                open loop, the trace's arrival times (mooncake, azure)\n"
-        "  --time-scale F              multiplies trace times and think times (default 1; 0.1 = 10x faster)\n"
+        "  --sweep R1,R2,...           one open-loop pass per rate (sessions per model second)\n"
+        "  --sweep-auto                ramp to the rate where goodput falls below 90 %%, then sweep\n"
+        "                              10 %%..120 %% of it\n"
+        "  --time-scale F              the workers' time scale: wall = model time x F (default 1;\n"
+        "                              0.1 = 10x faster); arrivals and think times are scaled by F,\n"
+        "                              reported times divided by it (0: no scaling)\n"
         "  --think-ms MS               mean think time between a session's turns, exponential,\n"
-        "                              before --time-scale (default 1000; 0 = none)\n"
+        "                              model ms (default 1000; 0 = none)\n"
+        "sweeps:\n"
+        "  --sweep-duration S          model seconds of arrivals per rate: ceil(rate x S) sessions,\n"
+        "                              copies of the trace's (default 60)\n"
+        "  --sweep-points N            --sweep-auto: rates from 10 %% to 120 %% (default 6)\n"
+        "  --sweep-start R             --sweep-auto: the ramp's first rate (default 0.5)\n"
+        "  --sweep-max-probes N        --sweep-auto: most ramp passes (default 10)\n"
+        "  --slo-ttft-ms MS            goodput: TTFT at most this, model ms (default 2000)\n"
+        "  --slo-itl-ms MS             goodput: mean inter-token latency at most this (default 100)\n"
         "requests:\n"
         "  --session-header-share F    share of sessions sent with x-session-id (default 0.5)\n"
         "  --max-requests N            replay only the first N requests (default: all)\n"
@@ -129,7 +146,8 @@ enum {
     OPT_URL = 256, OPT_TRACE, OPT_FORMAT, OPT_MODEL, OPT_API_KEY, OPT_CONC, OPT_RATE, OPT_TS,
     OPT_SCALE, OPT_THINK, OPT_SHARE, OPT_MAXREQ, OPT_CAP, OPT_DEFTOK, OPT_EOS, OPT_SEED,
     OPT_INFLIGHT, OPT_TIMEOUT, OPT_CTIMEOUT, OPT_EVENT, OPT_JSON, OPT_RECORDS, OPT_PROGRESS,
-    OPT_HELP, OPT_BYPASS_SHARE, OPT_BYPASS_WORKER,
+    OPT_HELP, OPT_BYPASS_SHARE, OPT_BYPASS_WORKER, OPT_SWEEP, OPT_SWEEP_AUTO, OPT_SWEEP_DUR,
+    OPT_SWEEP_POINTS, OPT_SWEEP_START, OPT_SWEEP_PROBES, OPT_SLO_TTFT, OPT_SLO_ITL,
 };
 
 int main(int argc, char **argv)
@@ -161,6 +179,14 @@ int main(int argc, char **argv)
         {"help", no_argument, 0, OPT_HELP},
         {"bypass-share", required_argument, 0, OPT_BYPASS_SHARE},
         {"bypass-worker", required_argument, 0, OPT_BYPASS_WORKER},
+        {"sweep", required_argument, 0, OPT_SWEEP},
+        {"sweep-auto", no_argument, 0, OPT_SWEEP_AUTO},
+        {"sweep-duration", required_argument, 0, OPT_SWEEP_DUR},
+        {"sweep-points", required_argument, 0, OPT_SWEEP_POINTS},
+        {"sweep-start", required_argument, 0, OPT_SWEEP_START},
+        {"sweep-max-probes", required_argument, 0, OPT_SWEEP_PROBES},
+        {"slo-ttft-ms", required_argument, 0, OPT_SLO_TTFT},
+        {"slo-itl-ms", required_argument, 0, OPT_SLO_ITL},
         {0, 0, 0, 0},
     };
     kvr_bench_config c;
@@ -170,6 +196,10 @@ int main(int argc, char **argv)
     unsigned long long maxreq = 0, u;
     double d;
     int modes = 0, opt;
+    bool sweep = false;
+    double rates[KVR_BENCH_SWEEP_MAX_RATES];
+    kvr_bench_sweep_opts so;
+    kvr_bench_sweep_opts_defaults(&so);
     static const char *bypass_workers[256];
     c.bypass_workers = bypass_workers;
     while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -188,7 +218,7 @@ int main(int argc, char **argv)
             modes++;
             break;
         case OPT_RATE:
-            bad = parse_double(a, &c.rate) < 0 || !(c.rate > 0);
+            bad = parse_double(a, &c.rate) < 0 || !(c.rate > 0 && c.rate <= 1e9);
             c.mode = KVR_BENCH_MODE_RATE;
             modes++;
             break;
@@ -196,8 +226,45 @@ int main(int argc, char **argv)
             c.mode = KVR_BENCH_MODE_TIMESTAMPS;
             modes++;
             break;
-        case OPT_SCALE: bad = parse_double(a, &c.time_scale) < 0 || !(c.time_scale >= 0); break;
-        case OPT_THINK: bad = parse_double(a, &c.think_ms) < 0 || !(c.think_ms >= 0); break;
+        case OPT_SCALE:
+            bad = parse_double(a, &c.time_scale) < 0 || !(c.time_scale >= 0 && c.time_scale <= 1e6);
+            break;
+        case OPT_THINK:
+            bad = parse_double(a, &c.think_ms) < 0 || !(c.think_ms >= 0 && c.think_ms <= 1e9);
+            break;
+        case OPT_SWEEP: {
+            int n = kvr_bench_sweep_parse_rates(a, rates, KVR_BENCH_SWEEP_MAX_RATES);
+            bad = n < 1;
+            so.rates = rates;
+            so.nrates = n < 0 ? 0 : (size_t)n;
+            sweep = true;
+            modes++;
+            break;
+        }
+        case OPT_SWEEP_AUTO:
+            so.automatic = sweep = true;
+            modes++;
+            break;
+        case OPT_SWEEP_DUR:
+            bad = parse_double(a, &so.duration_s) < 0 || !(so.duration_s > 0 && so.duration_s <= 1e6);
+            break;
+        case OPT_SWEEP_POINTS:
+            bad = parse_ulong(a, &u) < 0 || u < 2 || u > KVR_BENCH_SWEEP_MAX_RATES;
+            so.points = (size_t)u;
+            break;
+        case OPT_SWEEP_START:
+            bad = parse_double(a, &so.start_rate) < 0 || !(so.start_rate > 0 && so.start_rate <= 1e6);
+            break;
+        case OPT_SWEEP_PROBES:
+            bad = parse_ulong(a, &u) < 0 || u < 2 || u > 30;
+            so.max_probes = (size_t)u;
+            break;
+        case OPT_SLO_TTFT:
+            bad = parse_double(a, &c.slo_ttft_ms) < 0 || !(c.slo_ttft_ms > 0 && c.slo_ttft_ms <= 1e9);
+            break;
+        case OPT_SLO_ITL:
+            bad = parse_double(a, &c.slo_itl_ms) < 0 || !(c.slo_itl_ms > 0 && c.slo_itl_ms <= 1e9);
+            break;
         case OPT_SHARE:
             bad = parse_double(a, &d) < 0 || !(d >= 0 && d <= 1);
             c.session_header_share = d;
@@ -257,7 +324,7 @@ int main(int argc, char **argv)
         return 2;
     }
     if (modes > 1) {
-        fprintf(stderr, "kvroute-bench: choose one of --concurrency, --rate, --timestamps\n");
+        fprintf(stderr, "kvroute-bench: choose one of --concurrency, --rate, --timestamps, --sweep, --sweep-auto\n");
         return 2;
     }
     if (c.bypass_share > 0 && c.nbypass_workers == 0) {
@@ -312,30 +379,41 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     c.stop = &g_stop;
 
-    const char *mode_name = c.mode == KVR_BENCH_MODE_CONCURRENCY ? "concurrency"
-                            : c.mode == KVR_BENCH_MODE_RATE      ? "rate"
-                                                                 : "timestamps";
+    const char *mode_name = sweep                                ? (so.automatic ? "sweep-auto" : "sweep")
+                            : c.mode == KVR_BENCH_MODE_CONCURRENCY ? "concurrency"
+                            : c.mode == KVR_BENCH_MODE_RATE        ? "rate"
+                                                                   : "timestamps";
     fprintf(stderr, "kvroute-bench: %zu sessions, %zu requests from %s (%s), model %s, %s mode\n",
             t.nsessions, t.nturns, trace_path, format, c.model, mode_name);
     kvr_bench_run run;
+    kvr_bench_sweep_result sr = {0};
     int rc = 0;
-    if (kvr_bench_replay(&t, &c, &run, err, sizeof(err)) < 0) {
+    int ran = sweep ? kvr_bench_sweep_run(&t, &c, &so, &run, &sr, err, sizeof(err))
+                    : kvr_bench_replay(&t, &c, &run, err, sizeof(err));
+    if (ran < 0) {
         fprintf(stderr, "kvroute-bench: %s\n", err);
         rc = 1;
+        kvr_bench_sweep_result_free(&sr);
+        kvr_bench_run_free(&run);
     } else {
         kvr_bench_summary s;
         kvr_bench_summarize(&run, &s);
         char title[4400];
-        if (c.mode == KVR_BENCH_MODE_CONCURRENCY)
-            snprintf(title, sizeof(title), "kvroute-bench  %s → %s  (concurrency %u, think %g ms × %g)",
+        if (sweep)
+            snprintf(title, sizeof(title), "kvroute-bench  %s → %s  (%s, %g model s of arrivals per rate, think %g ms, time scale %g; all passes)",
+                     format, c.url, mode_name, so.duration_s, c.think_ms, c.time_scale);
+        else if (c.mode == KVR_BENCH_MODE_CONCURRENCY)
+            snprintf(title, sizeof(title), "kvroute-bench  %s → %s  (concurrency %u, think %g ms, time scale %g)",
                      format, c.url, c.concurrency, c.think_ms, c.time_scale);
         else if (c.mode == KVR_BENCH_MODE_RATE)
-            snprintf(title, sizeof(title), "kvroute-bench  %s → %s  (rate %g sessions/s, think %g ms × %g)",
+            snprintf(title, sizeof(title), "kvroute-bench  %s → %s  (rate %g sessions/model s, think %g ms, time scale %g)",
                      format, c.url, c.rate, c.think_ms, c.time_scale);
         else
             snprintf(title, sizeof(title), "kvroute-bench  %s → %s  (timestamps × %g)", format,
                      c.url, c.time_scale);
         kvr_bench_print_table(stdout, title, &s);
+        if (sweep)
+            kvr_bench_sweep_print(stdout, &sr);
         fflush(stdout);
         if (json_out) {
             json_t *meta = json_pack(
@@ -351,8 +429,24 @@ int main(int argc, char **argv)
                     json_array_append_new(bw, json_string(c.bypass_workers[i]));
                 json_object_set_new(meta, "bypass_share", json_real(c.bypass_share));
                 json_object_set_new(meta, "bypass_workers", bw ? bw : json_array());
+                json_object_set_new(meta, "slo_ttft_ms", json_real(c.slo_ttft_ms));
+                json_object_set_new(meta, "slo_itl_ms", json_real(c.slo_itl_ms));
+                if (sweep)
+                    json_object_set_new(meta, "sweep_duration_s", json_real(so.duration_s));
             }
             json_t *j = kvr_bench_summary_json(&s, meta);
+            if (j && sweep) {
+                json_object_set_new(j, "sweep", kvr_bench_sweep_json(&sr));
+                if (so.automatic) {
+                    kvr_bench_sweep_result probes = {.points = sr.probes, .npoints = sr.nprobes};
+                    json_t *pj = kvr_bench_sweep_json(&probes);
+                    json_object_set_new(j, "sweep_auto",
+                                        json_pack("{s:o,s:o}", "saturation_rate",
+                                                  isnan(sr.saturation_rate) ? json_null()
+                                                                            : json_real(sr.saturation_rate),
+                                                  "ramp", pj ? pj : json_array()));
+                }
+            }
             if (!j || json_dump_file(j, json_out, JSON_INDENT(2)) < 0) {
                 fprintf(stderr, "kvroute-bench: cannot write %s\n", json_out);
                 rc = 1;
@@ -366,6 +460,7 @@ int main(int argc, char **argv)
         if (run.interrupted && rc == 0)
             rc = 130;
         kvr_bench_summary_free(&s);
+        kvr_bench_sweep_result_free(&sr);
         kvr_bench_run_free(&run);
     }
     kvr_bench_trace_free(&t);

@@ -22,6 +22,8 @@ void kvr_bench_config_defaults(kvr_bench_config *c)
     c->rate = 1.0;
     c->time_scale = 1.0;
     c->think_ms = 1000;
+    c->slo_ttft_ms = 2000;
+    c->slo_itl_ms = 100;
     c->session_header_share = 0.5;
     c->seed = 1;
     c->max_tokens_cap = 512;
@@ -88,6 +90,11 @@ int kvr_bench_bypass_pick(uint64_t seed, size_t session, size_t turn, double sha
         return -1;
     size_t i = (size_t)(unit(seed ^ 0xb7a56, session, turn) * (double)nworkers);
     return (int)(i < nworkers ? i : nworkers - 1);
+}
+
+uint64_t kvr_bench_variant(uint32_t pass, uint32_t copy)
+{
+    return ((uint64_t)pass << 32) | copy;
 }
 
 double kvr_bench_think_ms(uint64_t seed, size_t session, size_t turn, double mean_ms)
@@ -260,7 +267,7 @@ typedef struct req {
     kvr_sse sse;
     kvr_bench_stream stream;
     struct replay *rp;
-    uint32_t session, turn;
+    uint32_t session, turn; /* session: the virtual session (copy × n + trace session) */
     uint64_t t0_ns, first_ns;
     int status;
     bool headers_done;
@@ -279,8 +286,9 @@ typedef struct replay {
     char endpoint[2048];
     char **bypass_endpoints; /* per bypass worker: <url>/v1/chat/completions (owned) */
     heap_t heap;
-    bool *header;          /* per session: sends x-session-id */
-    uint32_t *next_turn;   /* per session */
+    bool *header;          /* per trace session: sends x-session-id */
+    uint32_t *next_turn;   /* per virtual session */
+    size_t nsess;          /* virtual sessions: c->sessions, or the trace's */
     size_t next_session;   /* CONCURRENCY: first session not started yet */
     size_t active;         /* sessions started and not finished */
     size_t inflight;
@@ -410,16 +418,20 @@ static int launch(replay_t *rp, uint32_t si)
     req_t *q = calloc(1, sizeof(*q));
     if (!q)
         return -1;
+    size_t n = rp->t->nsessions, ts = si % n;
+    uint32_t copy = (uint32_t)(si / n);
     q->rp = rp;
     q->session = si;
     q->turn = rp->next_turn[si];
     q->worker = -1;
     q->bypass = kvr_bench_bypass_pick(c->seed, si, q->turn, c->bypass_share, c->nbypass_workers);
+    kvr_bench_body_opts bo = rp->body_opts;
+    bo.variant = kvr_bench_variant(c->pass, copy);
     kvr_buf_init(&q->body, 0);
     kvr_buf_init(&q->errbody, 0);
     kvr_sse_init(&q->sse, c->max_event_bytes, sse_cb, q);
     kvr_bench_stream_init(&q->stream);
-    if (kvr_bench_body(rp->t, si, q->turn, &rp->body_opts, &q->body) < 0)
+    if (kvr_bench_body(rp->t, ts, q->turn, &bo, &q->body) < 0)
         goto fail;
     q->headers = curl_slist_append(q->headers, "Content-Type: application/json");
     q->headers = curl_slist_append(q->headers, "Accept: text/event-stream");
@@ -429,10 +441,14 @@ static int launch(replay_t *rp, uint32_t si)
         snprintf(auth, sizeof(auth), "Authorization: Bearer %s", c->api_key);
         q->headers = curl_slist_append(q->headers, auth);
     }
-    if (rp->header[si]) {
+    if (rp->header[ts]) {
         char h[600];
-        snprintf(h, sizeof(h), "x-session-id: s%llu-%s", (unsigned long long)c->seed,
-                 rp->t->sessions[si].name);
+        if (bo.variant)
+            snprintf(h, sizeof(h), "x-session-id: s%llu-%s-%llx", (unsigned long long)c->seed,
+                     rp->t->sessions[ts].name, (unsigned long long)bo.variant);
+        else
+            snprintf(h, sizeof(h), "x-session-id: s%llu-%s", (unsigned long long)c->seed,
+                     rp->t->sessions[ts].name);
         q->headers = curl_slist_append(q->headers, h);
         q->session_header = true;
     }
@@ -497,7 +513,7 @@ static const char *curl_kind(CURLcode rc)
 /* Next turn of a session after one finished: schedule it, or close the session. */
 static void session_next(replay_t *rp, uint32_t si, uint64_t now)
 {
-    const kvr_bench_session *s = &rp->t->sessions[si];
+    const kvr_bench_session *s = &rp->t->sessions[si % rp->t->nsessions];
     rp->next_turn[si]++;
     if (rp->next_turn[si] < s->nturns) {
         double think = kvr_bench_think_ms(rp->c->seed, si, rp->next_turn[si], rp->c->think_ms) *
@@ -508,7 +524,7 @@ static void session_next(replay_t *rp, uint32_t si, uint64_t now)
     }
     rp->active--;
     rp->sessions_done++;
-    if (rp->c->mode == KVR_BENCH_MODE_CONCURRENCY && rp->next_session < rp->t->nsessions) {
+    if (rp->c->mode == KVR_BENCH_MODE_CONCURRENCY && rp->next_session < rp->nsess) {
         if (heap_push(&rp->heap, now, (uint32_t)rp->next_session++) < 0)
             rp->oom = true;
         rp->active++;
@@ -533,7 +549,9 @@ static void finish(replay_t *rp, req_t *q, CURLcode rc)
     kvr_bench_run *run = rp->run;
     kvr_bench_record *r = &run->records[run->nrecords++];
     memset(r, 0, sizeof(*r));
-    r->session = q->session;
+    r->session = (uint32_t)(q->session % rp->t->nsessions);
+    r->copy = (uint32_t)(q->session / rp->t->nsessions);
+    r->pass = rp->c->pass;
     r->turn = q->turn;
     r->status = q->status;
     r->session_header = q->session_header;
@@ -573,7 +591,8 @@ static void finish(replay_t *rp, req_t *q, CURLcode rc)
         /* The first error of each kind is worth a line: it says why. */
         if (r->error >= 0 && run->errors.counts[r->error] == 1)
             fprintf(stderr, "%skvroute-bench: first %s error (session %s turn %u): %s%.300s\n",
-                    rp->c->progress == 2 ? "\n" : "", kind, rp->t->sessions[q->session].name,
+                    rp->c->progress == 2 ? "\n" : "", kind,
+                    rp->t->sessions[q->session % rp->t->nsessions].name,
                     q->turn, rc != CURLE_OK ? curl_easy_strerror(rc) : "",
                     q->errbody.data ? q->errbody.data : "");
     }
@@ -632,7 +651,16 @@ static int validate(const kvr_bench_trace *t, const kvr_bench_config *c, char *e
                  kvr_bench_format_name(t->format));
         return -1;
     }
-    if (!(c->time_scale >= 0) || c->max_inflight < 1 || t->nsessions > UINT32_MAX) {
+    if (t->nsessions == 0 || (c->sessions && c->mode == KVR_BENCH_MODE_TIMESTAMPS)) {
+        snprintf(err, errlen, "no sessions to replay, or copies of sessions with --timestamps");
+        return -1;
+    }
+    if (!(c->slo_ttft_ms >= 0) || !(c->slo_itl_ms >= 0)) {
+        snprintf(err, errlen, "bad SLO");
+        return -1;
+    }
+    if (!(c->time_scale >= 0) || c->max_inflight < 1 || t->nsessions > UINT32_MAX ||
+        c->sessions > UINT32_MAX) {
         snprintf(err, errlen, "bad --time-scale or --max-inflight");
         return -1;
     }
@@ -647,10 +675,15 @@ static int validate(const kvr_bench_trace *t, const kvr_bench_config *c, char *e
 int kvr_bench_replay(const kvr_bench_trace *t, const kvr_bench_config *c, kvr_bench_run *out,
                      char *err, size_t errlen)
 {
-    memset(out, 0, sizeof(*out));
+    if (!c->append)
+        memset(out, 0, sizeof(*out));
     if (validate(t, c, err, errlen) < 0)
         return -1;
     replay_t rp = {.t = t, .c = c, .run = out};
+    rp.nsess = c->sessions ? c->sessions : t->nsessions;
+    out->model_per_wall = c->time_scale > 0 ? 1.0 / c->time_scale : 1.0;
+    out->slo_ttft_s = c->slo_ttft_ms / 1e3;
+    out->slo_itl_s = c->slo_itl_ms / 1e3;
     rp.body_opts = (kvr_bench_body_opts){.model = c->model,
                                          .max_tokens_cap = c->max_tokens_cap,
                                          .default_max_tokens = c->default_max_tokens,
@@ -678,12 +711,17 @@ int kvr_bench_replay(const kvr_bench_trace *t, const kvr_bench_config *c, kvr_be
             goto done;
         }
     }
-    out->planned = t->nturns;
-    out->records = calloc(t->nturns ? t->nturns : 1, sizeof(*out->records));
+    size_t planned = 0;
+    for (size_t v = 0; v < rp.nsess; v++)
+        planned += t->sessions[v % t->nsessions].nturns;
+    kvr_bench_record *recs = realloc(out->records, (out->nrecords + planned + 1) * sizeof(*recs));
+    if (recs)
+        out->records = recs;
+    out->planned += planned;
     rp.header = calloc(t->nsessions ? t->nsessions : 1, sizeof(*rp.header));
-    rp.next_turn = calloc(t->nsessions ? t->nsessions : 1, sizeof(*rp.next_turn));
+    rp.next_turn = calloc(rp.nsess, sizeof(*rp.next_turn));
     rp.multi = curl_multi_init();
-    if (!out->records || !rp.header || !rp.next_turn || !rp.multi ||
+    if (!recs || !rp.header || !rp.next_turn || !rp.multi ||
         kvr_bench_pick_header_sessions(t->nsessions,
                                        kvr_bench_format_is_conversation(t->format)
                                            ? c->session_header_share
@@ -693,29 +731,32 @@ int kvr_bench_replay(const kvr_bench_trace *t, const kvr_bench_config *c, kvr_be
         goto done;
     }
     curl_multi_setopt(rp.multi, CURLMOPT_MAXCONNECTS, (long)c->max_inflight);
-    out->start_ns = kvr_now_ns();
-    rp.last_progress_ns = out->start_ns;
+    uint64_t t0 = kvr_now_ns();
+    if (!out->start_ns)
+        out->start_ns = t0;
+    rp.last_progress_ns = t0;
 
     /* Initial schedule. */
     if (c->mode == KVR_BENCH_MODE_CONCURRENCY) {
-        while (rp.next_session < t->nsessions && rp.active < c->concurrency) {
-            heap_push(&rp.heap, out->start_ns, (uint32_t)rp.next_session++);
+        while (rp.next_session < rp.nsess && rp.active < c->concurrency) {
+            heap_push(&rp.heap, t0, (uint32_t)rp.next_session++);
             rp.active++;
         }
     } else {
         double at_s = 0;
-        for (size_t i = 0; i < t->nsessions; i++) {
+        for (size_t i = 0; i < rp.nsess; i++) {
+            /* at_s: model seconds since the start; wall = model × time scale. */
             if (c->mode == KVR_BENCH_MODE_RATE) {
                 if (i)
-                    at_s += -log1p(-unit(c->seed ^ 0xa7, i, 0)) / c->rate;
+                    at_s += -log1p(-unit(c->seed ^ 0xa7, i, c->pass)) / c->rate;
             } else {
                 int64_t ms = t->sessions[i].turns[0].at_ms;
-                at_s = (ms < 0 ? 0 : (double)ms / 1e3) * c->time_scale;
+                at_s = ms < 0 ? 0 : (double)ms / 1e3;
             }
-            if (heap_push(&rp.heap, out->start_ns + (uint64_t)(at_s * 1e9), (uint32_t)i) < 0)
+            if (heap_push(&rp.heap, t0 + (uint64_t)(at_s * c->time_scale * 1e9), (uint32_t)i) < 0)
                 rp.oom = true;
         }
-        rp.active = t->nsessions;
+        rp.active = rp.nsess;
     }
 
     while (!rp.oom) {

@@ -17,7 +17,8 @@ typedef enum kvr_bench_mode {
     KVR_BENCH_MODE_CONCURRENCY, /**< closed loop: `concurrency` sessions active at a time, the
                                      next starts when one finishes its last turn */
     KVR_BENCH_MODE_RATE,        /**< open loop: sessions start as a Poisson process of `rate`
-                                     sessions per second (a request-trace row is a session) */
+                                     sessions per model second (a request-trace row is a
+                                     session) */
     KVR_BENCH_MODE_TIMESTAMPS,  /**< open loop: sessions start at the trace's arrival times ×
                                      `time_scale` (Mooncake, Azure) */
 } kvr_bench_mode;
@@ -29,10 +30,27 @@ typedef struct kvr_bench_config {
     const char *api_key;         /**< sent as "Authorization: Bearer …" when non-NULL */
     kvr_bench_mode mode;         /**< session start discipline */
     unsigned concurrency;        /**< CONCURRENCY: sessions active at once (≥ 1) */
-    double rate;                 /**< RATE: session arrivals per second (> 0) */
-    double time_scale;           /**< multiplies trace time and think time (0.1 = 10× faster) */
-    double think_ms;             /**< mean think time between a session's turns, ms before
-                                      scaling; drawn exponentially per turn, 0 = none */
+    double rate;                 /**< RATE: session arrivals per model second (> 0) */
+    double time_scale;           /**< the workers' time scale: wall time = model time × it.
+                                      Arrival gaps, trace times and think times are model
+                                      times multiplied by it; every time reported is wall ÷ it
+                                      (0: nothing sleeps and times are reported as measured) */
+    double think_ms;             /**< mean think time between a session's turns, model ms;
+                                      drawn exponentially per turn, 0 = none */
+    double slo_ttft_ms;          /**< goodput: a request meets the SLO when its TTFT is at most
+                                      this many model ms (default 2000) … */
+    double slo_itl_ms;           /**< … and its mean inter-token latency at most this (100) */
+    size_t sessions;             /**< sessions to start (0 = the trace's); session v replays the
+                                      trace's session v mod n as copy v / n (CONCURRENCY and
+                                      RATE only) */
+    uint32_t pass;               /**< 0 for a plain replay; a sweep numbers its passes from 1.
+                                      Every copy of a session in a pass other than 0, and every
+                                      copy past the first, carries a tag of (pass, copy) in its
+                                      prompt (kvr_bench_body_opts.variant) and session id, so
+                                      no pass or copy hits what another left in a cache, while
+                                      a shared system prompt stays shared */
+    bool append;                 /**< add to the run passed to kvr_bench_replay() (its records,
+                                      tallies and gauges) instead of starting it afresh */
     double session_header_share; /**< share of sessions (0–1) sent with `x-session-id`;
                                       conversation formats only (a request-trace row is no
                                       real session, and a unique id per row would only scatter
@@ -63,6 +81,8 @@ void kvr_bench_config_defaults(kvr_bench_config *c);
 /** The outcome of one request. */
 typedef struct kvr_bench_record {
     uint32_t session;          /**< index into the trace's sessions */
+    uint32_t copy;             /**< which copy of that session (kvr_bench_config.sessions) */
+    uint32_t pass;             /**< kvr_bench_config.pass of the replay that sent it */
     uint32_t turn;             /**< turn index within the session */
     int status;                /**< HTTP status; 0 when no response came */
     int error;                 /**< index into kvr_bench_run.errors, -1 for success */
@@ -71,9 +91,9 @@ typedef struct kvr_bench_record {
     int decision;              /**< index into kvr_bench_run.decisions, -1 when absent */
     bool session_header;       /**< the request carried x-session-id */
     bool bypassed;             /**< sent straight to a worker (--bypass-share), not to `url` */
-    double start_s;            /**< send time, seconds since the replay started */
-    double ttft_s;             /**< time to the first content byte, s; NAN when none came */
-    double e2e_s;              /**< time to the end of the response, s */
+    double start_s;            /**< send time, wall seconds since the run started */
+    double ttft_s;             /**< time to the first content byte, wall s; NAN when none came */
+    double e2e_s;              /**< time to the end of the response, wall s */
     int64_t prompt_tokens;     /**< usage.prompt_tokens; -1 when not reported */
     int64_t cached_tokens;     /**< usage.prompt_tokens_details.cached_tokens (0 when usage came
                                     without it); -1 when no usage */
@@ -92,13 +112,17 @@ typedef struct kvr_bench_run {
     kvr_bench_gauge *inflight;  /**< per worker (same index as workers): requests between its
                                      response headers and the end of the response (owned) */
     size_t inflight_cap;        /**< allocated gauges */
-    uint64_t start_ns;          /**< monotonic start of the replay */
+    uint64_t start_ns;          /**< monotonic start of the replay (of the first, appending) */
     uint64_t end_ns;            /**< monotonic end */
-    double elapsed_s;           /**< end − start, seconds */
+    double elapsed_s;           /**< end − start, wall seconds */
+    double model_per_wall;      /**< model seconds per wall second: 1 / time_scale (1 when the
+                                     scale is 0); reports multiply wall times by it */
+    double slo_ttft_s;          /**< the config's SLO, model seconds */
+    double slo_itl_s;           /**< the config's SLO, model seconds */
     bool interrupted;           /**< stopped by the stop flag before the trace ended */
 } kvr_bench_run;
 
-/** Replays `t` as `c` says, filling `out` (zeroed first). Returns 0 (request failures are
+/** Replays `t` as `c` says, filling `out` (zeroed first unless c->append). Returns 0 (request failures are
  *  recorded, not returned), or -1 with a message in err[errlen] when the replay could not run
  *  at all (bad config, libcurl could not start, out of memory). */
 int kvr_bench_replay(const kvr_bench_trace *t, const kvr_bench_config *c, kvr_bench_run *out,
@@ -115,6 +139,9 @@ int kvr_bench_pick_header_sessions(size_t n, double share, uint64_t seed, bool *
  *  directly. A pure function of (seed, session, turn), so every policy's run bypasses the same
  *  requests to the same workers. share ≤ 0 or nworkers == 0 always gives -1. */
 int kvr_bench_bypass_pick(uint64_t seed, size_t session, size_t turn, double share, size_t nworkers);
+/** The body variant (kvr_bench_body_opts.variant) of copy `copy` of a session in sweep pass
+ *  `pass`: 0 for copy 0 of pass 0 (the trace as recorded), else (pass << 32) | copy. */
+uint64_t kvr_bench_variant(uint32_t pass, uint32_t copy);
 /** A think time in ms for turn `turn` of session `session`: exponential with mean `mean_ms`,
  *  a pure function of (seed, session, turn) so runs are reproducible. */
 double kvr_bench_think_ms(uint64_t seed, size_t session, size_t turn, double mean_ms);

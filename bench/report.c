@@ -5,18 +5,30 @@
 #include <stdlib.h>
 #include <string.h>
 
-int kvr_bench_summarize(const kvr_bench_run *run, kvr_bench_summary *s)
+double kvr_bench_record_itl(const kvr_bench_record *r)
 {
-    memset(s, 0, sizeof(*s));
-    s->planned = run->planned;
-    s->requests = run->nrecords;
+    if (r->error >= 0 || isnan(r->ttft_s) || r->completion_tokens < 2)
+        return NAN;
+    double d = (r->e2e_s - r->ttft_s) / (double)(r->completion_tokens - 1);
+    return d < 0 ? 0 : d;
+}
+
+/* Fills everything but the worker rows from records [from, to). */
+static int summarize_records(const kvr_bench_run *run, size_t from, size_t to, double wall_s,
+                             kvr_bench_summary *s)
+{
+    double k = run->model_per_wall > 0 ? run->model_per_wall : 1.0;
+    s->requests = to - from;
     s->error_kinds = &run->errors;
     s->decisions = &run->decisions;
-    s->elapsed_s = run->elapsed_s;
+    s->wall_s = wall_s;
+    s->elapsed_s = wall_s * k;
     s->interrupted = run->interrupted;
-    kvr_bench_samples ttft = {0}, e2e = {0};
+    s->slo_ttft_s = run->slo_ttft_s;
+    s->slo_itl_s = run->slo_itl_s;
+    kvr_bench_samples ttft = {0}, e2e = {0}, itl = {0};
     int rc = 0;
-    for (size_t i = 0; i < run->nrecords; i++) {
+    for (size_t i = from; i < to; i++) {
         const kvr_bench_record *r = &run->records[i];
         if (r->session_header)
             s->session_header++;
@@ -37,38 +49,103 @@ int kvr_bench_summarize(const kvr_bench_run *run, kvr_bench_summary *s)
             continue;
         }
         s->ok++;
-        if (kvr_bench_samples_add(&ttft, r->ttft_s) < 0 || kvr_bench_samples_add(&e2e, r->e2e_s) < 0)
+        double it = kvr_bench_record_itl(r);
+        if (!isnan(r->ttft_s) && r->ttft_s * k <= run->slo_ttft_s &&
+            (isnan(it) || it * k <= run->slo_itl_s))
+            s->good++;
+        if (kvr_bench_samples_add(&ttft, r->ttft_s * k) < 0 ||
+            kvr_bench_samples_add(&e2e, r->e2e_s * k) < 0 || kvr_bench_samples_add(&itl, it * k) < 0)
             rc = -1;
     }
+    double first = INFINITY, last = -INFINITY, end = -INFINITY;
+    for (size_t i = from; i < to; i++) {
+        const kvr_bench_record *r = &run->records[i];
+        first = r->start_s < first ? r->start_s : first;
+        last = r->start_s > last ? r->start_s : last;
+        if (r->error < 0 && r->start_s + r->e2e_s > end)
+            end = r->start_s + r->e2e_s;
+    }
+    s->offered_rps = to - from >= 2 && last > first ? (double)(to - from) / ((last - first) * k) : NAN;
+    s->achieved_rps = s->ok && end > first ? (double)s->ok / ((end - first) * k) : NAN;
+    s->goodput = kvr_bench_ratio((double)s->good, (double)s->requests);
     s->hit_rate = kvr_bench_ratio((double)s->cached_tokens, (double)s->prompt_tokens);
     s->ttft_p50 = kvr_bench_samples_pct(&ttft, 50);
     s->ttft_p90 = kvr_bench_samples_pct(&ttft, 90);
     s->ttft_p99 = kvr_bench_samples_pct(&ttft, 99);
     s->e2e_p50 = kvr_bench_samples_pct(&e2e, 50);
     s->e2e_p99 = kvr_bench_samples_pct(&e2e, 99);
+    s->itl_p50 = kvr_bench_samples_pct(&itl, 50);
+    s->itl_p90 = kvr_bench_samples_pct(&itl, 90);
     kvr_bench_samples_free(&ttft);
     kvr_bench_samples_free(&e2e);
+    kvr_bench_samples_free(&itl);
     s->output_tok_s = s->elapsed_s > 0 ? (double)s->completion_tokens / s->elapsed_s : NAN;
     s->requests_s = s->elapsed_s > 0 ? (double)s->requests / s->elapsed_s : NAN;
+    return rc;
+}
+
+static void load_ratio(kvr_bench_summary *s)
+{
+    uint64_t total = 0, max = 0;
+    for (size_t i = 0; i < s->nworkers; i++) {
+        total += s->workers[i].requests;
+        if (s->workers[i].requests > max)
+            max = s->workers[i].requests;
+    }
+    for (size_t i = 0; i < s->nworkers; i++)
+        s->workers[i].share = kvr_bench_ratio((double)s->workers[i].requests, (double)total);
+    s->load_max_over_mean =
+        s->nworkers ? kvr_bench_ratio((double)max, (double)total / (double)s->nworkers) : NAN;
+}
+
+int kvr_bench_summarize(const kvr_bench_run *run, kvr_bench_summary *s)
+{
+    memset(s, 0, sizeof(*s));
+    s->planned = run->planned;
+    int rc = summarize_records(run, 0, run->nrecords, run->elapsed_s, s);
     s->nworkers = run->workers.n;
     s->workers = calloc(s->nworkers ? s->nworkers : 1, sizeof(*s->workers));
     if (!s->workers)
         return -1;
-    uint64_t total = kvr_bench_tally_total(&run->workers), max = 0;
+    double span = (double)(run->end_ns - run->start_ns) / 1e9;
     for (size_t i = 0; i < s->nworkers; i++) {
         kvr_bench_worker_row *w = &s->workers[i];
         w->name = run->workers.names[i];
         w->requests = run->workers.counts[i];
-        w->share = kvr_bench_ratio((double)w->requests, (double)total);
         if (i < run->inflight_cap) {
             w->max_inflight = run->inflight[i].max;
             w->mean_inflight = kvr_bench_gauge_mean(&run->inflight[i], run->start_ns, run->end_ns);
+            w->busy_share = span > 0 ? kvr_bench_gauge_busy_until(&run->inflight[i], run->end_ns) / span : 0;
         }
-        if (w->requests > max)
-            max = w->requests;
     }
-    s->load_max_over_mean =
-        s->nworkers ? kvr_bench_ratio((double)max, (double)total / (double)s->nworkers) : NAN;
+    load_ratio(s);
+    return rc;
+}
+
+int kvr_bench_summarize_window(const kvr_bench_run *run, const kvr_bench_window *w,
+                               kvr_bench_summary *s)
+{
+    memset(s, 0, sizeof(*s));
+    size_t to = w->to < run->nrecords ? w->to : run->nrecords, from = w->from < to ? w->from : to;
+    double span = w->end_ns > w->start_ns ? (double)(w->end_ns - w->start_ns) / 1e9 : 0;
+    s->planned = to - from;
+    int rc = summarize_records(run, from, to, span, s);
+    s->nworkers = run->workers.n;
+    s->workers = calloc(s->nworkers ? s->nworkers : 1, sizeof(*s->workers));
+    if (!s->workers)
+        return -1;
+    for (size_t i = 0; i < s->nworkers; i++) {
+        kvr_bench_worker_row *row = &s->workers[i];
+        row->name = run->workers.names[i];
+        if (i < run->inflight_cap && span > 0) {
+            double b0 = w->busy0 && i < w->nbusy0 ? w->busy0[i] : 0;
+            row->busy_share = (kvr_bench_gauge_busy_until(&run->inflight[i], w->end_ns) - b0) / span;
+        }
+    }
+    for (size_t i = from; i < to; i++)
+        if (run->records[i].worker >= 0 && (size_t)run->records[i].worker < s->nworkers)
+            s->workers[run->records[i].worker].requests++;
+    load_ratio(s);
     return rc;
 }
 
@@ -103,6 +180,7 @@ void kvr_bench_print_table(FILE *f, const char *title, const kvr_bench_summary *
 {
     char a[32], b[32], c[32];
     fprintf(f, "%s%s\n", title, s->interrupted ? "  (INTERRUPTED)" : "");
+    fprintf(f, "  (times in model seconds: wall time ÷ the time scale)\n");
     fprintf(f, "  %-22s%zu of %zu (%zu ok, %zu errors), %zu with x-session-id", "requests",
             s->requests, s->planned, s->ok, s->errors, s->session_header);
     if (s->bypassed)
@@ -134,15 +212,23 @@ void kvr_bench_print_table(FILE *f, const char *title, const kvr_bench_summary *
     fmt_s(a, sizeof(a), s->e2e_p50);
     fmt_s(b, sizeof(b), s->e2e_p99);
     fprintf(f, "  %-22s%s / %s\n", "E2E p50/p99", a, b);
-    fprintf(f, "  %-22s%.1f (%.1f req/s over %.1f s)\n", "output tokens/s", s->output_tok_s,
-            s->requests_s, s->elapsed_s);
-    fprintf(f, "  %-40s %9s %7s %13s %14s\n", "worker", "requests", "share", "max in-flight",
-            "mean in-flight");
+    fmt_s(a, sizeof(a), s->itl_p50);
+    fmt_s(b, sizeof(b), s->itl_p90);
+    fprintf(f, "  %-22s%s / %s\n", "ITL p50/p90", a, b);
+    if (isnan(s->goodput))
+        fprintf(f, "  %-22s-\n", "goodput");
+    else
+        fprintf(f, "  %-22s%.1f %% (TTFT ≤ %g ms, ITL ≤ %g ms)\n", "goodput", s->goodput * 100,
+                s->slo_ttft_s * 1e3, s->slo_itl_s * 1e3);
+    fprintf(f, "  %-22s%.1f (%.2f req/s over %.1f s; %.1f s of wall time)\n", "output tokens/s",
+            s->output_tok_s, s->requests_s, s->elapsed_s, s->wall_s);
+    fprintf(f, "  %-40s %9s %7s %13s %14s %6s\n", "worker", "requests", "share", "max in-flight",
+            "mean in-flight", "busy");
     for (size_t i = 0; i < s->nworkers; i++) {
         const kvr_bench_worker_row *w = &s->workers[i];
-        fprintf(f, "  %-40.40s %9llu %6.1f%% %13lld %14.2f\n", w->name,
+        fprintf(f, "  %-40.40s %9llu %6.1f%% %13lld %14.2f %5.1f%%\n", w->name,
                 (unsigned long long)w->requests, w->share * 100, (long long)w->max_inflight,
-                w->mean_inflight);
+                w->mean_inflight, w->busy_share * 100);
     }
     if (s->nworkers > 1)
         fprintf(f, "  %-22s%.2f\n", "load max/mean", s->load_max_over_mean);
@@ -168,10 +254,10 @@ json_t *kvr_bench_summary_json(const kvr_bench_summary *s, json_t *meta)
     for (size_t i = 0; workers && i < s->nworkers; i++) {
         const kvr_bench_worker_row *w = &s->workers[i];
         json_object_set_new(workers, w->name,
-                            json_pack("{s:I,s:o,s:I,s:o}", "requests", (json_int_t)w->requests,
+                            json_pack("{s:I,s:o,s:I,s:o,s:o}", "requests", (json_int_t)w->requests,
                                       "share", num(w->share), "max_inflight",
                                       (json_int_t)w->max_inflight, "mean_inflight",
-                                      num(w->mean_inflight)));
+                                      num(w->mean_inflight), "busy_share", num(w->busy_share)));
     }
     json_t *o = json_pack(
         "{s:I,s:I,s:I,s:I,s:o,s:I,s:I,s:I,s:I,s:I,s:o,s:{s:o,s:o,s:o},s:{s:o,s:o},s:o,s:o,s:o,"
@@ -189,6 +275,12 @@ json_t *kvr_bench_summary_json(const kvr_bench_summary *s, json_t *meta)
         num(s->load_max_over_mean), "decisions", tally_json(s->decisions), "interrupted",
         s->interrupted);
     if (o) {
+        json_object_set_new(o, "itl_s", json_pack("{s:o,s:o}", "p50", num(s->itl_p50), "p90",
+                                                  num(s->itl_p90)));
+        json_object_set_new(o, "goodput", num(s->goodput));
+        json_object_set_new(o, "slo", json_pack("{s:o,s:o}", "ttft_s", num(s->slo_ttft_s), "itl_s",
+                                                num(s->slo_itl_s)));
+        json_object_set_new(o, "wall_s", num(s->wall_s));
         json_object_set_new(o, "bypassed_requests", json_integer((json_int_t)s->bypassed));
         json_object_set_new(o, "bypassed_prompt_tokens", json_integer((json_int_t)s->bypassed_prompt_tokens));
         json_object_set_new(o, "bypassed_cached_tokens", json_integer((json_int_t)s->bypassed_cached_tokens));
@@ -208,6 +300,7 @@ json_t *kvr_bench_summary_json(const kvr_bench_summary *s, json_t *meta)
 
 int kvr_bench_write_records(const char *path, const kvr_bench_trace *t, const kvr_bench_run *run)
 {
+    double k = run->model_per_wall > 0 ? run->model_per_wall : 1.0;
     FILE *f = fopen(path, "w");
     if (!f)
         return -1;
@@ -219,9 +312,13 @@ int kvr_bench_write_records(const char *path, const kvr_bench_trace *t, const kv
             r->error >= 0 ? run->errors.names[r->error] : NULL, "worker",
             r->worker >= 0 ? run->workers.names[r->worker] : NULL, "decision",
             r->decision >= 0 ? run->decisions.names[r->decision] : NULL, "session_header",
-            r->session_header, "bypassed", r->bypassed, "start_s", num(r->start_s), "ttft_s", num(r->ttft_s), "e2e_s",
-            num(r->e2e_s), "prompt_tokens", (json_int_t)r->prompt_tokens, "cached_tokens",
+            r->session_header, "bypassed", r->bypassed, "start_s", num(r->start_s * k), "ttft_s",
+            num(r->ttft_s * k), "e2e_s", num(r->e2e_s * k), "prompt_tokens", (json_int_t)r->prompt_tokens, "cached_tokens",
             (json_int_t)r->cached_tokens, "completion_tokens", (json_int_t)r->completion_tokens);
+        if (o && (r->copy || r->pass)) {
+            json_object_set_new(o, "pass", json_integer(r->pass));
+            json_object_set_new(o, "copy", json_integer(r->copy));
+        }
         if (o) {
             json_dumpf(o, f, JSON_COMPACT);
             fputc('\n', f);

@@ -12,8 +12,10 @@ typedef struct kvr_bench_worker_row {
     const char *name;     /**< borrowed from the run's tally */
     uint64_t requests;    /**< responses it sent */
     double share;         /**< requests / all requests with a response */
-    int64_t max_inflight; /**< most requests in flight on it at once (headers → end) */
-    double mean_inflight; /**< time-weighted mean over the whole replay */
+    int64_t max_inflight; /**< most requests in flight on it at once (headers → end); whole
+                               run only (0 in a window's summary) */
+    double mean_inflight; /**< time-weighted mean over the whole replay (whole run only) */
+    double busy_share;    /**< share of the window's time it had a request in flight (0–1) */
 } kvr_bench_worker_row;
 
 /** The summary of a run. Borrows names from the run: free the summary before the run. */
@@ -33,11 +35,24 @@ typedef struct kvr_bench_summary {
     int64_t cached_tokens;     /**< Σ usage.prompt_tokens_details.cached_tokens */
     int64_t completion_tokens; /**< Σ usage.completion_tokens */
     double hit_rate;           /**< Σcached / Σprompt; NAN without usage */
-    double ttft_p50, ttft_p90, ttft_p99; /**< seconds, successful requests; NAN when none */
-    double e2e_p50, e2e_p99;   /**< seconds, successful requests; NAN when none */
-    double output_tok_s;       /**< Σ completion tokens / elapsed seconds */
-    double requests_s;         /**< finished requests / elapsed seconds */
-    double elapsed_s;          /**< wall time of the replay, seconds */
+    double ttft_p50, ttft_p90, ttft_p99; /**< model seconds, successful requests; NAN when none */
+    double e2e_p50, e2e_p99;   /**< model seconds, successful requests; NAN when none */
+    double itl_p50, itl_p90;   /**< model seconds: each successful request's mean inter-token
+                                    latency, (E2E − TTFT) / (completion tokens − 1), over the
+                                    requests with ≥ 2 tokens; NAN when none */
+    size_t good;               /**< requests that succeeded with TTFT ≤ the TTFT SLO and mean
+                                    inter-token latency ≤ the ITL SLO (one token: TTFT only) */
+    double goodput;            /**< good / requests (errors count as missing the SLO); NAN
+                                    when no request finished */
+    double slo_ttft_s, slo_itl_s; /**< the SLO used, model seconds */
+    double offered_rps;        /**< requests sent ÷ model seconds from the first send to the
+                                    last; NAN with fewer than 2 requests */
+    double achieved_rps;       /**< successful requests ÷ model seconds from the first send to
+                                    the last completion; NAN when none succeeded */
+    double output_tok_s;       /**< Σ completion tokens / elapsed model seconds */
+    double requests_s;         /**< finished requests / elapsed model seconds */
+    double elapsed_s;          /**< length of the replay (or window), model seconds */
+    double wall_s;             /**< the same in wall seconds */
     kvr_bench_worker_row *workers; /**< owned array, in first-seen order */
     size_t nworkers;           /**< rows */
     double load_max_over_mean; /**< busiest worker's requests / mean over the workers seen
@@ -47,6 +62,25 @@ typedef struct kvr_bench_summary {
 
 /** Computes the summary of `run`. Returns 0, or -1 when memory ran out. */
 int kvr_bench_summarize(const kvr_bench_run *run, kvr_bench_summary *s);
+
+/** A part of a run: one pass of a sweep. */
+typedef struct kvr_bench_window {
+    size_t from, to;          /**< records [from, to) */
+    uint64_t start_ns;        /**< monotonic start of the window */
+    uint64_t end_ns;          /**< monotonic end */
+    const double *busy0;      /**< per worker (the run's worker indices): its gauge's
+                                   kvr_bench_gauge_busy_until(start_ns) (borrowed; NULL = 0) */
+    size_t nbusy0;            /**< entries of busy0; workers beyond count 0 */
+} kvr_bench_window;
+
+/** Summary of the records and time of window `w` of `run`: per-worker requests count the
+ *  window's records (workers without any are listed with 0), busy shares its time, in-flight
+ *  maxima and means are left 0. Returns 0, or -1 when memory ran out. */
+int kvr_bench_summarize_window(const kvr_bench_run *run, const kvr_bench_window *w,
+                               kvr_bench_summary *s);
+/** The mean inter-token latency of record `r` in wall seconds, (E2E − TTFT) / (tokens − 1);
+ *  NAN for a failed request or one with fewer than 2 completion tokens. */
+double kvr_bench_record_itl(const kvr_bench_record *r);
 /** Frees the summary's own arrays. */
 void kvr_bench_summary_free(kvr_bench_summary *s);
 /** Prints the human table. `title` heads it (e.g. "tau @ http://…"). */

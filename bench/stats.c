@@ -70,8 +70,11 @@ void kvr_bench_samples_free(kvr_bench_samples *s)
 
 void kvr_bench_gauge_add(kvr_bench_gauge *g, int64_t delta, uint64_t now_ns)
 {
-    if (g->last_ns && now_ns > g->last_ns)
+    if (g->last_ns && now_ns > g->last_ns) {
         g->area += (double)g->cur * (double)(now_ns - g->last_ns) / 1e9;
+        if (g->cur > 0)
+            g->busy += (double)(now_ns - g->last_ns) / 1e9;
+    }
     if (!g->last_ns || now_ns > g->last_ns)
         g->last_ns = now_ns;
     g->cur += delta;
@@ -87,6 +90,14 @@ double kvr_bench_gauge_mean(const kvr_bench_gauge *g, uint64_t start_ns, uint64_
     if (g->last_ns && end_ns > g->last_ns)
         area += (double)g->cur * (double)(end_ns - g->last_ns) / 1e9;
     return area / ((double)(end_ns - start_ns) / 1e9);
+}
+
+double kvr_bench_gauge_busy_until(const kvr_bench_gauge *g, uint64_t now_ns)
+{
+    double b = g->busy;
+    if (g->last_ns && g->cur > 0 && now_ns > g->last_ns)
+        b += (double)(now_ns - g->last_ns) / 1e9;
+    return b;
 }
 
 int kvr_bench_tally_index(kvr_bench_tally *t, const char *name)

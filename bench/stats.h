@@ -34,6 +34,7 @@ typedef struct kvr_bench_gauge {
     int64_t cur;       /**< current value */
     int64_t max;       /**< largest value seen */
     double area;       /**< ∫ value dt, value × seconds, up to last_ns */
+    double busy;       /**< ∫ [value > 0] dt, seconds, up to last_ns */
     uint64_t last_ns;  /**< time of the last change (0 = never changed) */
 } kvr_bench_gauge;
 
@@ -43,6 +44,10 @@ void kvr_bench_gauge_add(kvr_bench_gauge *g, int64_t delta, uint64_t now_ns);
 /** Time-weighted mean of the value between `start_ns` and `end_ns` (the value is taken to be 0
  *  before its first change and constant after its last). Returns 0 for an empty window. */
 double kvr_bench_gauge_mean(const kvr_bench_gauge *g, uint64_t start_ns, uint64_t end_ns);
+/** Seconds the value was above 0 from its first change up to `now_ns` (the value is taken to
+ *  be constant after its last change). The difference of two readings is the busy time of a
+ *  window: a worker's busy share = that ÷ the window's length. */
+double kvr_bench_gauge_busy_until(const kvr_bench_gauge *g, uint64_t now_ns);
 
 /** Name → count table for a handful of distinct names (linear search: a bench run sees a few
  *  workers, decision labels and error kinds, not thousands). All-zero is a valid empty tally. */

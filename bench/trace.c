@@ -267,6 +267,42 @@ static int dump_cb(const char *buf, size_t size, void *data)
     return kvr_buf_append(data, buf, size);
 }
 
+static uint64_t mix64(uint64_t z)
+{
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* A copy of user message `m` whose text starts with `tag` (string content, or a text part put
+ * first); NULL when memory ran out. */
+static json_t *tagged_message(const json_t *m, const char *tag)
+{
+    json_t *c = json_deep_copy(m);
+    json_t *content = json_object_get(c, "content");
+    int rc = -1;
+    if (json_is_string(content)) {
+        size_t tl = strlen(tag), cl = json_string_length(content);
+        char *txt = malloc(tl + cl + 1);
+        if (txt) {
+            memcpy(txt, tag, tl);
+            memcpy(txt + tl, json_string_value(content), cl);
+            rc = json_object_set_new(c, "content", json_stringn(txt, tl + cl));
+            free(txt);
+        }
+    } else if (json_is_array(content)) {
+        rc = json_array_insert_new(content, 0, json_pack("{s:s,s:s}", "type", "text", "text", tag));
+    } else {
+        rc = json_object_set_new(c, "content", json_string(tag));
+    }
+    if (rc < 0) {
+        json_decref(c);
+        return NULL;
+    }
+    return c;
+}
+
 int kvr_bench_body(const kvr_bench_trace *t, size_t si, size_t ti, const kvr_bench_body_opts *o,
                    kvr_buf *out)
 {
@@ -278,16 +314,28 @@ int kvr_bench_body(const kvr_bench_trace *t, size_t si, size_t ti, const kvr_ben
     if (!body || !msgs)
         goto done;
     if (s->messages) {
-        for (uint32_t i = 0; i < turn->nmsgs && i < json_array_size(s->messages); i++)
-            if (json_array_append(msgs, json_array_get(s->messages, i)) < 0)
+        bool tagged = o->variant == 0;
+        char tag[48];
+        snprintf(tag, sizeof(tag), "[copy %llx] ", (unsigned long long)o->variant);
+        for (uint32_t i = 0; i < turn->nmsgs && i < json_array_size(s->messages); i++) {
+            json_t *m = json_array_get(s->messages, i);
+            const char *role = json_string_value(json_object_get(m, "role"));
+            if (!tagged && role && !strcmp(role, "user")) {
+                tagged = true;
+                if (json_array_append_new(msgs, tagged_message(m, tag)) < 0)
+                    goto done;
+            } else if (json_array_append(msgs, m) < 0) {
                 goto done;
+            }
+        }
     } else {
+        uint64_t seed = o->variant ? mix64(o->seed ^ mix64(o->variant)) : o->seed;
         kvr_buf text;
         kvr_buf_init(&text, 0);
         int trc = t->format == KVR_BENCH_FMT_MOONCAKE
-                      ? kvr_bench_mooncake_prompt(o->seed, t->blocks + turn->block_off,
+                      ? kvr_bench_mooncake_prompt(seed, t->blocks + turn->block_off,
                                                   turn->nblocks, turn->input_tokens, &text)
-                      : kvr_bench_random_text(o->seed, si, turn->input_tokens, &text);
+                      : kvr_bench_random_text(seed, si, turn->input_tokens, &text);
         json_t *content = trc == 0 ? json_stringn(text.data ? text.data : "", text.len) : NULL;
         kvr_buf_free(&text);
         if (!content || json_array_append_new(msgs, json_pack("{s:s,s:o}", "role", "user",

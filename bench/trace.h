@@ -85,6 +85,12 @@ typedef struct kvr_bench_body_opts {
     uint32_t default_max_tokens; /**< max_tokens when the recorded answer length is unknown */
     uint64_t seed;               /**< seed of synthetic text (Mooncake, Azure) */
     bool ignore_eos;             /**< add vLLM's "ignore_eos": true so output_length is honoured */
+    uint64_t variant;            /**< 0: the trace as recorded. Otherwise a distinct copy of the
+                                      session: conversations get the tag "[copy <variant hex>] "
+                                      before the text of their first user message (after any
+                                      shared system prompt), request traces synthesise their
+                                      text from the seed mixed with it (same sharing between
+                                      rows, other bytes) */
 } kvr_bench_body_opts;
 
 /** Appends the JSON body of turn `turn` of session `s` to `out`:

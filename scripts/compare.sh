@@ -35,14 +35,27 @@ usage: scripts/compare.sh --trace FILE|DIR --format F --json OUT [options]
   --kv-blocks N           KV capacity of one worker, blocks (default 32768 = 512Ki tokens;
                           see docs/bench.md for why this puts the fleet under cache pressure)
   --block-size N          tokens per KV block (default 16, vLLM's)
-  --time-scale F          sim wall time per model time, and trace/think time scale (default 0.05)
+  --time-scale F          sim wall time per model time, and trace/think time scale (default 0.05);
+                          every time reported is in model seconds (wall ÷ F)
   --max-requests N        replay the first N requests (default: all)
   --concurrency N         closed loop with N sessions (default for conversation traces: 16)
-  --rate R                Poisson session arrivals per second
+  --rate R                Poisson session arrivals per model second
   --timestamps            the trace's arrival times (default for mooncake and azure)
   --think-ms MS           mean think time between turns before scaling (default 1000)
   --seed S                seed for the bench and the sims (default 1)
   --no-bound              skip the pooled-bound run
+  --sweep [R1,R2,...]     latency under load instead of one replay: kvroute-bench --sweep at these
+                          rates (sessions per model second) for every run; without a list the
+                          pooled bound runs --sweep-auto (ramp to its saturation, then 10 %..120 %
+                          of it) and every policy is swept at the rates it chose. Adds each run's
+                          "sweep" to --json, an SLO table, and OUT-ttft.png / OUT-goodput.png
+                          beside --png OUT
+  --sweep-duration S      model seconds of arrivals per rate (kvroute-bench, default 60)
+  --sweep-points N        rates of an automatic sweep (default 6)
+  --slo-ttft-ms MS        goodput SLO on TTFT, model ms (default 2000)
+  --slo-itl-ms MS         goodput SLO on mean inter-token latency, model ms (default 100)
+  --profile NAME          kvroute-sim timing profile for every sim (kvroute-sim --profile NAME)
+  --sim-args "A B ..."    extra kvroute-sim arguments for every sim, split on spaces
   --bench-arg ARG         extra kvroute-bench argument (repeatable)
   --sim-arg ARG           extra kvroute-sim argument for every worker (repeatable)
   --router-arg ARG        extra kvroute argument (repeatable)
@@ -67,6 +80,7 @@ REPLAY_TIMEOUT=900
 KEEP=0
 BYPASS_SHARE=0
 MODEL=kvroute-sim-model
+SWEEP=0 SWEEP_RATES="" SWEEP_DURATION=60 SWEEP_POINTS=6 SLO_TTFT_MS=2000 SLO_ITL_MS=100 PROFILE=""
 
 need() { [ $# -ge 2 ] || { echo "compare.sh: $1 needs a value" >&2; exit 2; }; }
 while [ $# -gt 0 ]; do
@@ -88,6 +102,15 @@ while [ $# -gt 0 ]; do
     --seed) need "$@"; SEED=$2; shift 2 ;;
     --no-bound) BOUND=0; shift ;;
     --bench-arg) need "$@"; BENCH_EXTRA+=("$2"); shift 2 ;;
+    --sweep)
+        SWEEP=1
+        if [ $# -ge 2 ] && [[ "$2" != --* ]]; then SWEEP_RATES=$2; shift 2; else shift; fi ;;
+    --sweep-duration) need "$@"; SWEEP_DURATION=$2; shift 2 ;;
+    --sweep-points) need "$@"; SWEEP_POINTS=$2; shift 2 ;;
+    --slo-ttft-ms) need "$@"; SLO_TTFT_MS=$2; shift 2 ;;
+    --slo-itl-ms) need "$@"; SLO_ITL_MS=$2; shift 2 ;;
+    --profile) need "$@"; PROFILE=$2; SIM_EXTRA+=(--profile "$2"); shift 2 ;;
+    --sim-args) need "$@"; read -r -a _sa <<<"$2"; SIM_EXTRA+=(${_sa[@]+"${_sa[@]}"}); shift 2 ;;
     --sim-arg) need "$@"; SIM_EXTRA+=("$2"); shift 2 ;;
     --router-arg) need "$@"; ROUTER_EXTRA+=("$2"); shift 2 ;;
     --replay-timeout) need "$@"; REPLAY_TIMEOUT=$2; shift 2 ;;
@@ -104,6 +127,20 @@ done
 [ "$WORKERS" -ge 1 ] || { echo "compare.sh: --workers must be at least 1" >&2; exit 2; }
 python3 -c 'import sys; v = float(sys.argv[1]); sys.exit(0 if 0 <= v <= 1 else 1)' "$BYPASS_SHARE" \
     2>/dev/null || { echo "compare.sh: --bypass-share must be a number in 0..1" >&2; exit 2; }
+if [ "$SWEEP" = 1 ]; then
+    python3 - "$SWEEP_RATES" "$SWEEP_DURATION" "$SWEEP_POINTS" "$SLO_TTFT_MS" "$SLO_ITL_MS" <<'PY' ||
+import math, sys
+rates, dur, pts, a, b = sys.argv[1:]
+ok = all(math.isfinite(float(x)) and float(x) > 0 for x in [dur, a, b]) and 2 <= int(pts) <= 64
+ok = ok and (rates == "" or all(math.isfinite(float(r)) and float(r) > 0 for r in rates.split(",")))
+sys.exit(0 if ok else 1)
+PY
+        { echo "compare.sh: bad --sweep rates, --sweep-duration, --sweep-points or SLO values" >&2; exit 2; }
+    if [ -z "$SWEEP_RATES" ] && [ "$BOUND" = 0 ]; then
+        echo "compare.sh: --sweep without rates finds them on the pooled bound; drop --no-bound or give rates" >&2
+        exit 2
+    fi
+fi
 BYPASS=0
 python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) > 0 else 1)' "$BYPASS_SHARE" && BYPASS=1
 
@@ -122,7 +159,7 @@ fi
 # has more than C in flight, so with the default one worker that is first credited with a shared
 # system prompt takes every session (docs/performance.md, tau-bench). Size the gate to the
 # replay instead: C / workers in flight above the least loaded, unless --router-arg sets it.
-if [ "${MODE_ARGS[0]:-}" != "--timestamps" ] && [ "${MODE_ARGS[0]:-}" != "--rate" ] &&
+if [ "$SWEEP" = 0 ] && [ "${MODE_ARGS[0]:-}" != "--timestamps" ] && [ "${MODE_ARGS[0]:-}" != "--rate" ] &&
     [[ " ${ROUTER_EXTRA[*]-} " != *balance-abs-threshold* ]]; then
     conc=${MODE_ARGS[1]:-16}
     gate=$((conc / WORKERS))
@@ -287,8 +324,14 @@ warn_refused() {
 replay() {
     local name=$1 url=$2 rc=0 u
     shift 2
+    local mode=("${MODE_ARGS[@]}")
+    if [ "$SWEEP" = 1 ]; then
+        if [ -n "$SWEEP_RATES" ]; then mode=(--sweep "$SWEEP_RATES"); else mode=(--sweep-auto); fi
+        mode+=(--sweep-duration "$SWEEP_DURATION" --sweep-points "$SWEEP_POINTS"
+            --slo-ttft-ms "$SLO_TTFT_MS" --slo-itl-ms "$SLO_ITL_MS")
+    fi
     local args=(--url "$url" --model "$MODEL" --trace "$TRACE" --format "$FORMAT"
-        "${MODE_ARGS[@]}" --time-scale "$TIME_SCALE" --think-ms "$THINK_MS" --seed "$SEED"
+        "${mode[@]}" --time-scale "$TIME_SCALE" --think-ms "$THINK_MS" --seed "$SEED"
         --json "$WORK/$name.json" --progress lines)
     [ "$MAX_REQUESTS" -gt 0 ] && args+=(--max-requests "$MAX_REQUESTS")
     if [ "$BYPASS" = 1 ] && [ $# -gt 0 ]; then
@@ -319,7 +362,10 @@ if [ "$BOUND" = 1 ]; then
     # slots and tokens per step (kvroute-sim's defaults 256 and 8192, times the workers) at a
     # time scale divided by the workers, so it serves the fleet's load without the queueing
     # one small worker would add (queued requests hold KV blocks and would lower the bound).
-    extra=(--max-num-seqs $((256 * WORKERS)) --max-num-batched-tokens $((8192 * WORKERS)))
+    # With a --profile the batch limits are the profile's (unknown here): the bound keeps them
+    # and gets the fleet's compute from the time scale alone.
+    extra=()
+    [ -n "$PROFILE" ] || extra=(--max-num-seqs $((256 * WORKERS)) --max-num-batched-tokens $((8192 * WORKERS)))
     BOUND_TIME_SCALE=$(python3 -c "print($TIME_SCALE / $WORKERS)")
     echo "compare.sh: pooled bound: one kvroute-sim with $((WORKERS * KV_BLOCKS)) blocks ${extra[*]}" >&2
     SIM_TIME_SCALE=$BOUND_TIME_SCALE start_sim bound $((WORKERS * KV_BLOCKS)) "$SEED" "${extra[@]}"
@@ -327,6 +373,19 @@ if [ "$BOUND" = 1 ]; then
     scrape "$SIM_URL" >"$WORK/bound.metrics"
     stop_pids "$SIM_PID"
     warn_refused "$WORK/bound.log"
+fi
+
+if [ "$SWEEP" = 1 ] && [ -z "$SWEEP_RATES" ]; then
+    # The rates kvroute-bench --sweep-auto chose on the pooled bound, for every policy.
+    SWEEP_RATES=$(python3 -c 'import json, sys
+j = json.load(open(sys.argv[1]))
+print(",".join("%.6g" % p["offered_rate"] for p in j.get("sweep") or []))' "$WORK/bound.json")
+    if [ -z "$SWEEP_RATES" ]; then
+        echo "compare.sh: the pooled bound's ramp found no rate meeting the SLO; see $WORK/bound.txt" >&2
+        KEEP=1
+        exit 1
+    fi
+    echo "compare.sh: sweeping every policy at $SWEEP_RATES sessions per model second" >&2
 fi
 
 for policy in "${POLICY_LIST[@]}"; do
@@ -542,4 +601,9 @@ unset multiplot
 EOF
         echo "compare.sh: wrote $PNG_OUT" >&2
     fi
+fi
+
+if [ "$SWEEP" = 1 ]; then
+    python3 "$ROOT/scripts/sweep_report.py" "$WORK" "$JSON_OUT" "$PNG_OUT" "$BOUND" \
+        "$FORMAT, $WORKERS workers${PROFILE:+, profile $PROFILE}" "${POLICY_LIST[@]}"
 fi
