@@ -1,5 +1,7 @@
 /* kvroute: flags and config → start the loop. */
 #include <malloc.h>
+#include <unistd.h>
+#include <errno.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <stdio.h>
@@ -159,6 +161,27 @@ static void on_signal(uv_signal_t *s, int signum)
     uv_timer_start(&g_drain_timer, drain_tick, 0, 20);
 }
 
+/* The admin token file must be readable and the access log's place writable (--check). */
+static int check_runtime_files(kvr_app *app, kvr_errlist *errs)
+{
+    char err[512];
+    size_t before = errs->n;
+    if (kvr_admin_load_token(app, err, sizeof(err)) < 0)
+        kvr_errlist_add(errs, "%s", err);
+    const char *log = app->cfg.access_log;
+    if (log && strcmp(log, "-") != 0) {
+        char dir[4096];
+        snprintf(dir, sizeof(dir), "%s", log);
+        char *slash = strrchr(dir, '/');
+        if (slash)
+            *(slash == dir ? slash + 1 : slash) = '\0';
+        const char *d = slash ? dir : ".";
+        if (access(log, F_OK) == 0 ? access(log, W_OK) != 0 : access(d, W_OK | X_OK) != 0)
+            kvr_errlist_add(errs, "--access-log %s cannot be written: %s", log, strerror(errno));
+    }
+    return errs->n > before ? -1 : 0;
+}
+
 int main(int argc, char **argv)
 {
     kvr_app *app = &g_app;
@@ -173,7 +196,10 @@ int main(int argc, char **argv)
     if (rc < 0 && !app->cfg.check)
         kvr_errlist_print(&errs, stderr, "kvroute: ");
     if (app->cfg.check) {
-        /* --check: every error on its own line (stdout), or a one-line summary. */
+        /* --check: every error on its own line (stdout), or a one-line summary. The files
+         * read or written at start are tried too, so a config that --check passes starts. */
+        if (rc == 0 && check_runtime_files(app, &errs) < 0)
+            rc = -1;
         if (rc < 0) {
             kvr_errlist_print(&errs, stdout, NULL);
         } else {

@@ -10,7 +10,11 @@ const TOKEN_KEY = "kvroute-admin-token";
 (function takeTokenFromFragment() {
   const m = /^#token=(.+)$/.exec(location.hash);
   if (m) {
-    sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(m[1]));
+    try {
+      sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(m[1]));
+    } catch (e) {
+      /* a malformed #token=: ignored, the page asks for the token */
+    }
     history.replaceState(null, "", location.pathname + location.search);
   }
 })();
@@ -154,6 +158,12 @@ async function refresh() {
   clearTimeout(timer);
   const token = sessionStorage.getItem(TOKEN_KEY);
   const headers = token ? { Authorization: "Bearer " + token } : {};
+  try {
+    new Headers(headers); // a token with characters HTTP headers cannot carry
+  } catch (e) {
+    askToken("that token cannot be sent (HTTP headers carry only Latin-1 characters)");
+    return;
+  }
   try {
     const r = await fetch("/status", { headers, cache: "no-store" });
     if (r.status === 401) {

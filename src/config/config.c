@@ -3,6 +3,7 @@
  * and the cross-checks that need the whole configuration. */
 #include "config/config.h"
 
+#include <jansson.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -401,9 +402,16 @@ int kvr_config_url_ok(const char *u)
     for (const char *p = u; *p; p++)
         if ((unsigned char)*p <= 0x20 || *p == 0x7f)
             return 0;
-    const char *colon = memchr(h, ':', hl);
-    if (colon && h[0] != '[') {
-        const char *pe = h + hl;
+    const char *pe = h + hl, *colon;
+    if (h[0] == '[') { /* an IPv6 literal: "[addr]" then, optionally, ":port" */
+        const char *close = memchr(h, ']', hl);
+        if (!close || close == h + 1 || (close + 1 < pe && close[1] != ':'))
+            return 0;
+        colon = close + 1 < pe ? close + 1 : NULL;
+    } else {
+        colon = memchr(h, ':', hl);
+    }
+    if (colon) {
         if (colon + 1 == pe)
             return 0;
         long port = 0;
@@ -631,7 +639,12 @@ static void check_otlp(const kvr_config *c, kvr_errlist *errs)
     }
     if (!ok)
         kvr_errlist_add(errs, "--otlp-endpoint '%s' is malformed (expected "
-                        "http://HOST[:PORT]/PATH, e.g. http://127.0.0.1:4318/v1/traces)", u);
+                        "http[s]://HOST[:PORT]/PATH, e.g. http://127.0.0.1:4318/v1/traces)", u);
+    /* Span bodies are JSON: the service name must be UTF-8 (RFC 8259 §8.1). */
+    json_t *name = json_string(c->otlp.service_name ? c->otlp.service_name : "");
+    if (!name)
+        kvr_errlist_add(errs, "--otlp-service-name is not valid UTF-8");
+    json_decref(name);
 }
 
 int kvr_config_load(kvr_config *c, int argc, char **argv, kvr_errlist *errs)
@@ -683,10 +696,15 @@ void kvr_config_summary(const kvr_config *c, char *out, size_t cap)
     size_t targets = 0;
     for (size_t r = 0; r < c->nroutes; r++)
         targets += c->routes[r].ntargets;
+    size_t routes = c->nroutes;
+    if (!routes && c->model) { /* --model: one route over every worker */
+        routes = 1;
+        targets = c->nworkers;
+    }
     const char *mode = c->nroutes ? "" : c->model ? " (one route over every worker)"
                                                   : " (routes discovered from /v1/models)";
     snprintf(out, cap, "ok: %s: %zu routes, %zu workers, %zu targets%s",
-             c->config_file ? c->config_file : "command line", c->nroutes, c->nworkers, targets,
+             c->config_file ? c->config_file : "command line", routes, c->nworkers, targets,
              mode);
 }
 

@@ -312,8 +312,10 @@ int kvr_trace_begin(kvr_otlp *o, kvr_req_trace *t, const char *traceparent,
         t->has_parent = 1;
         memcpy(t->trace_id, p.trace_id, 16);
         memcpy(t->parent_id, p.span_id, 8);
-        t->flags = p.flags;
-        t->sampled = p.flags & KVR_TRACE_SAMPLED; /* parent-based, OpenTelemetry's default */
+        /* Only the flag this version defines goes on: we replace the span, so bits we do not
+         * know cannot be vouched for (W3C Trace Context §3.2.2.5). */
+        t->flags = p.flags & KVR_TRACE_SAMPLED;
+        t->sampled = t->flags; /* parent-based, OpenTelemetry's default */
     } else {
         kvr_trace_random_id(t->trace_id, 16);
         /* TraceIdRatioBased: the id's last 8 bytes, as a fraction of 2^64, under the ratio. */

@@ -203,6 +203,10 @@ static void request_done(preq *p)
     f.stream = p->sse;
     f.client = p->client;
     f.key = strcmp(p->key, "-") ? p->key : NULL;
+    /* A relayed answer cut by its worker (an SSE error event or a truncated body ended it): a
+     * failure, though the status said 200. A client that left is no failure of kvroute's. */
+    if (p->span_err && p->status && strcmp(p->span_err, "client_gone") != 0)
+        f.error = p->span_err;
     if (p->tr.on) {
         attempt_span_close(p);
         kvr_span_server(p->app->otlp, &p->tr, &f);
@@ -904,6 +908,23 @@ static void no_eligible(preq *p)
     preq_free(p);
 }
 
+/* The client's traceparent, or NULL when it sent none or more than one (then invalid, as the
+ * W3C Trace Context test suite has it: a new trace starts). */
+static const char *client_traceparent(kvr_http_req *r)
+{
+    const char *v = NULL;
+    size_t n = kvr_http_req_header_count(r);
+    for (size_t i = 0; i < n; i++) {
+        const kvr_http_header *h = kvr_http_req_header_at(r, i);
+        if (kvr_header_is(h->name, h->name_len, "traceparent")) {
+            if (v)
+                return NULL;
+            v = kvr_http_req_header(r, "traceparent");
+        }
+    }
+    return v;
+}
+
 /* A request's state, before anything is sent. NULL when memory ran out (then answered). */
 static preq *preq_new(kvr_app *app, kvr_http_req *r, kvr_endpoint ep, kvr_route *route,
                       const json_t *body)
@@ -941,7 +962,7 @@ static preq *preq_new(kvr_app *app, kvr_http_req *r, kvr_endpoint ep, kvr_route 
         snprintf(p->method, sizeof(p->method), "%s", kvr_http_req_method(r));
         snprintf(p->span_name, sizeof(p->span_name), "%s %s", p->method,
                  kvr_http_req_endpoint(r));
-        kvr_trace_begin(app->otlp, &p->tr, kvr_http_req_header(r, "traceparent"), p->start_ns);
+        kvr_trace_begin(app->otlp, &p->tr, client_traceparent(r), p->start_ns);
     }
     return p;
 }

@@ -52,7 +52,7 @@ static void record(kvr_otlp *o, const kvr_req_trace *t, const kvr_span_facts *f,
     kvr_span_attr a[MAX_ATTRS];
     size_t n = attrs(f, client, a);
     char msg[160];
-    int error = client ? (!f->status || f->status >= 400) : f->status >= 500;
+    int error = f->error || (client ? (!f->status || f->status >= 400) : f->status >= 500);
     if (error)
         snprintf(msg, sizeof(msg), "%s%s%d", f->error ? f->error : "",
                  f->error ? ", status " : "status ", f->status);

@@ -18,7 +18,8 @@ typedef struct kvr_span_facts {
     const char *worker;      /**< kvroute.worker: its base URL */
     const char *url;         /**< url.full of an attempt */
     const char *request_id;  /**< kvroute.request_id (x-request-id) */
-    const char *error;       /**< kvroute.error: why an attempt got no (whole) answer */
+    const char *error;       /**< kvroute.error: why an attempt got no (whole) answer; on the
+                                  server span, why a relayed answer was cut (status ERROR) */
     double match;            /**< kvroute.match_ratio, or < 0 for none */
     size_t attempt;          /**< kvroute.attempt (1-based) of a client span; attempts made
                                   (kvroute.attempts) for the server span */

@@ -242,6 +242,43 @@ def test_trace_started_when_client_sends_none(stub, kvroute, collector):
     assert header_value(last_request(w), "traceparent").split("-")[1] != "0" * 32
 
 
+def test_duplicate_traceparent_and_unknown_flags(stub, kvroute, collector):
+    """Two traceparent headers make it invalid (a new trace starts, as the W3C test suite
+    expects); of the trace-flags only the sampled bit is passed on."""
+    col = collector()
+    w = stub()
+    kv = kvroute([w], extra=otlp_flags(col.url))
+    other = "00-%s-%s-01" % ("1" * 32, "2" * 16)
+    r = httpx.post(kv.url + "/v1/chat/completions", json=chat_body(), timeout=10.0,
+                   verify=SSL_CTX, headers=[("traceparent", TRACEPARENT), ("traceparent", other)])
+    assert r.status_code == 200
+    tid = header_value(last_request(w), "traceparent").split("-")[1]
+    assert tid not in (CLIENT_TRACE, "1" * 32)
+    r = post_chat(kv, {"traceparent": TRACEPARENT[:-2] + "09"})
+    assert r.status_code == 200
+    tp = header_value(last_request(w), "traceparent")
+    assert tp.split("-")[1] == CLIENT_TRACE and tp.endswith("-01")
+
+
+def test_stream_cut_after_headers_is_an_error(stub, kvroute, collector):
+    """A worker that drops a stream after its headers: the client got 200 and an SSE error
+    event; the attempt span and the server span say ERROR with the cause."""
+    col = collector()
+    w = stub()
+    kv = kvroute([w], extra=otlp_flags(col.url))
+    r = post_chat(kv, {"traceparent": TRACEPARENT, "x-stub-mode": "sse,drop_after:2"},
+                  stream=True)
+    assert r.status_code == 200 and '"error"' in r.text
+    spans = wait_until(lambda: len(col.trace(CLIENT_TRACE)) >= 2 and col.trace(CLIENT_TRACE), 5,
+                       what="two spans")
+    server = [s for s in spans if s["kind"] == SERVER][0]
+    client = [s for s in spans if s["kind"] == CLIENT][0]
+    assert attrs(client)["kvroute.error"] and client["status"]["code"] == 2
+    assert attrs(server)["kvroute.status"] == 200
+    assert attrs(server)["kvroute.error"] == attrs(client)["kvroute.error"]
+    assert server["status"]["code"] == 2
+
+
 def test_sampling(stub, kvroute, collector):
     """--otlp-sample-ratio 0 records no new trace, yet workers still get a traceparent (flags
     00); a client's sampled flag is followed."""
@@ -318,7 +355,9 @@ def test_broken_collector_costs_no_latency(sim_factory, kvroute, collector, mode
 
 def check(argv):
     """Runs `kvroute ... --check` (it exits by itself; bounded); returns (status, output)."""
-    p = subprocess.run([str(KVROUTE_BIN)] + argv + ["--check"], capture_output=True,
+    p = subprocess.run([str(KVROUTE_BIN).encode()] + [a if isinstance(a, bytes) else a.encode()
+                                                      for a in argv] + [b"--check"],
+                       capture_output=True,
                        timeout=10, stdin=subprocess.DEVNULL)
     return p.returncode, (p.stdout + p.stderr).decode("utf-8", "replace")
 
@@ -337,5 +376,16 @@ def test_otlp_endpoint_checked_at_load(tmp_path):
     assert rc != 0
     assert "--otlp-endpoint 'ftp://x' is malformed" in out
     rc, out = check(["--worker", "http://127.0.0.1:9", "--model", "m", "--otlp-endpoint",
+                     "http://[::1:4318/v1/traces"])
+    assert rc != 0 and "is malformed" in out
+    rc, out = check(["--worker", "http://127.0.0.1:9", "--model", "m", "--otlp-endpoint",
+                     "http://127.0.0.1:4318/v1/traces", "--otlp-service-name", b"sv\xff"])
+    assert rc != 0 and "--otlp-service-name is not valid UTF-8" in out
+    rc, out = check(["--worker", "http://127.0.0.1:9", "--model", "m", "--otlp-endpoint",
                      "http://127.0.0.1:4318/v1/traces"])
     assert rc == 0, out
+    # files kvroute needs at start are tried too: what --check passes, starts
+    rc, out = check(["--worker", "http://127.0.0.1:9", "--model", "m", "--access-log",
+                     str(tmp_path / "no" / "dir" / "a.log"), "--admin-token-file",
+                     str(tmp_path / "missing")])
+    assert rc != 0 and "--access-log" in out and "--admin-token-file" in out, out
