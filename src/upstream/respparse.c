@@ -114,9 +114,10 @@ static int on_headers_complete(http_parser *p)
     kvr_resp *r = R(p);
     int s = (int)p->status_code;
     if (s >= 100 && s < 200 && s != 101) {
-        /* interim (100 Continue, 103 Early Hints): skipped, the final head follows */
+        /* interim (100 Continue, 103 Early Hints): skipped, the final head follows; it has no
+         * body whatever its headers say (RFC 9110 §15.2), so 1 = no body */
         clear_head(r);
-        return 0;
+        return 1;
     }
     if (s == 101)
         return fail(r, "unexpected 101 Switching Protocols");
@@ -132,7 +133,7 @@ static int on_headers_complete(http_parser *p)
 static int on_body(http_parser *p, const char *at, size_t len)
 {
     kvr_resp *r = R(p);
-    if (!len)
+    if (!len || !r->head_done)
         return 0;
     r->piece = at;
     r->piece_len = len;
