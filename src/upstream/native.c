@@ -439,8 +439,15 @@ static int build_head(upn_attempt *a, const char *method, const char *auth, size
         rc |= kvr_buf_append(b, nm, nl) | kvr_buf_append(b, ": ", h[i].value_len ? 2 : 1) |
               kvr_buf_append(b, h[i].value, h[i].value_len) | kvr_buf_append(b, "\r\n", 2);
     }
-    if (len || !strcmp(method, "POST") || !strcmp(method, "PUT") || !strcmp(method, "PATCH"))
-        rc |= kvr_buf_printf(b, "Content-Length: %zu\r\n", len);
+    if (len || !strcmp(method, "POST") || !strcmp(method, "PUT") || !strcmp(method, "PATCH")) {
+        char num[24];
+        size_t k = sizeof(num);
+        do
+            num[--k] = (char)('0' + len % 10);
+        while ((len /= 10) && k);
+        rc |= kvr_buf_append(b, "Content-Length: ", 16) |
+              kvr_buf_append(b, num + k, sizeof(num) - k) | kvr_buf_append(b, "\r\n", 2);
+    }
     rc |= kvr_buf_append(b, "\r\n", 2);
     return rc < 0 ? -1 : 0;
 }
