@@ -99,14 +99,19 @@ void kvr_upstream_close(kvr_upstream *u);
  *  `body` (may be NULL when len 0) is NOT copied and must stay valid until on_done or cancel.
  *  `method` is "GET" or "POST" (others as given). on_body and on_done are required,
  *  on_headers may be NULL. May be called from inside callbacks (the transfer then begins on the
- *  next loop iteration). Returns the attempt, or NULL when it could not be started (then no
- *  callback runs): a URL that is not http:// or https://, control characters in a header,
- *  a header name with ':' or blanks, or out of memory. */
+ *  next loop iteration; the native client always begins there, so no callback ever runs
+ *  before this returns). The request goes out as one write of the head (Content-Length when
+ *  there is a body or the method is POST, PUT or PATCH) and the body; Host is the URL's
+ *  authority. Returns the attempt, or NULL when it could not be started (then no callback
+ *  runs): a URL that is not http:// or https:// (or, native, one with blanks or control
+ *  bytes or an unparsable authority), control characters in a header, a header name with ':'
+ *  or blanks, or out of memory. */
 kvr_upstream_attempt *kvr_upstream_start(kvr_upstream *u, const char *method, const char *url,
                                          const kvr_http_header *h, size_t n, const char *body,
                                          size_t len, const kvr_upstream_cbs *cbs, void *ud);
 /** Resumes an attempt paused by on_body returning 1. May call on_body before returning only
- *  if called outside any libcurl callback; otherwise deferred to the next loop iteration. */
+ *  if called outside any upstream callback (of either client); otherwise deferred to the next
+ *  loop iteration. */
 void kvr_upstream_resume(kvr_upstream_attempt *a);
 /** Cancels: closes the worker connection (the worker sees the disconnect, so the generation
  *  stops) and frees the attempt; no callback runs after this returns. Safe to call from
