@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from conftest import (MODEL, SIM_MODEL, RawConn, assert_openai_error, chat_body, http_post,
-                      parse_sse, sha256)
+                      parse_sse, sha256, wait_until)
 
 P = "/v1/chat/completions"
 MiB = 1 << 20
@@ -21,6 +21,12 @@ NATIVE = ["--upstream-client", "native"]
 
 def total(m, name):
     return sum(v for _, v in m.find(name))
+
+
+def all_ended(w):
+    """The stub's log once every entry has ended (falsy before)."""
+    es = w.proxied()
+    return es if es and all(x["ended"] != "in_progress" for x in es) else None
 
 
 def sim_closes_after_each_response(sim):
@@ -84,7 +90,9 @@ def test_worker_writing_one_byte_at_a_time(stub, kvroute, stream):
         r = c.read_response(timeout=30)
     assert r is not None and r.status == 200, r
     assert r.complete, r.framing
-    e = w.proxied()[0]
+    # the stub marks the entry after its last (flushed, paced) byte: the client may be first
+    e = wait_until(lambda: all_ended(w), 5.0,
+                   what="the stub to finish its log entry")[-1]
     assert e["ended"] == "complete", e["ended"]
     assert sha256(r.body) == e["resp_body_sha256"], "relayed bytes differ from the worker's"
     if stream:
@@ -121,7 +129,8 @@ def test_200_mib_stream_memory_bounded(stub, kvroute):
                 last_sample = now
         complete = c.body_complete
     peak = max(peak, kv.rss_bytes())
-    e = w.proxied()[-1]
+    e = wait_until(lambda: all_ended(w), 5.0,
+                   what="the stub to finish its log entry")[-1]
     assert complete and e["ended"] == "complete", (complete, e["ended"])
     assert got >= want, got
     if not asan:  # ASan's quarantine and shadow memory make RSS meaningless
