@@ -1,6 +1,6 @@
 /* Private to src/upstream: the two clients behind the public kvr_upstream interface and what
  * front.c needs to dispatch to them. The libcurl client (upstream.c, attempt.c, sock.c) is
- * `kvr_upc`, the native HTTP/1.1 client (native.c, nconn.c, respparse.c) is `kvr_upn`; each
+ * `kvr_upc`, the native HTTP/1.1 client (native.c, npool.c, respparse.c) is `kvr_upn`; each
  * one's attempt object begins with a kvr_upstream_attempt, whose only field says which client
  * owns it, so an attempt handle is dispatched without a lookup. Same-named functions have the
  * public functions' contracts (upstream.h). */
