@@ -21,7 +21,7 @@ BENCH_OBJS := $(BENCH_SRCS:%.c=$(BUILD)/obj/%.o)
 UNIT_BINS  := $(UNIT_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
 PROGS      := $(BUILD)/kvroute $(if $(SIM_SRCS),$(BUILD)/kvroute-sim) $(if $(BENCH_SRCS),$(BUILD)/kvroute-bench)
 
-.PHONY: all asan unit e2e test check clean demo deps fuzz fuzz-build chaos
+.PHONY: all asan unit e2e e2e-curl test check clean demo deps fuzz fuzz-build chaos
 all: $(PROGS) $(UNIT_BINS)
 
 $(BUILD)/obj/%.o: %.c
@@ -61,9 +61,19 @@ unit: $(UNIT_BINS)
 e2e: $(PROGS)
 	KVROUTE_BUILD=$(abspath $(BUILD)) timeout 1200 /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/e2e
 
+# The e2e suite runs against the native upstream client (the default); this second, cheaper
+# pass runs the files about proxying and upstream failures against libcurl
+# (--upstream-client curl, through KVROUTE_UPSTREAM_CLIENT in tests/e2e/conftest.py).
+E2E_CURL_FILES := $(addprefix tests/e2e/,test_proxy.py test_failures.py \
+	test_upstream_failures.py test_resilience.py test_openai_client.py test_anthropic.py)
+e2e-curl: $(PROGS)
+	KVROUTE_UPSTREAM_CLIENT=curl KVROUTE_BUILD=$(abspath $(BUILD)) timeout 900 \
+	  /usr/bin/python3 -m pytest -q -p no:cacheprovider $(E2E_CURL_FILES)
+
 test: all
 	$(MAKE) unit
 	$(MAKE) e2e
+	$(MAKE) e2e-curl
 
 # What CI runs: the normal build's unit + e2e suites, then both again under ASan+UBSan, then
 # every fuzz harness for 30 s (`make fuzz FUZZ_SECONDS=N` for longer runs).

@@ -22,6 +22,7 @@
 #   REPEAT [1]     runs per cell (the table shows the run with the median req/s)
 #   PATHS ["direct nginx kvroute"]   BODIES ["247 8k sse ssechunk"]
 #   KVROUTE [build/kvroute]          PROFILE [1]  (0 = no profile)
+#   KVROUTE_ARGS [""]  extra kvroute flags, e.g. "--upstream-client curl" (split on blanks)
 #   PROFILE_BODIES ["8k 247 ssechunk"]  cells profiled with perf, one extra run each
 #   SYSCALLS [1]   count syscalls per request of nginx and kvroute (8 KB), one extra run each
 #   OUT [out/overhead]  results: overhead.md, results.tsv, raw wrk output, profile reports
@@ -36,6 +37,7 @@ REPEAT=${REPEAT:-1}
 PATHS=${PATHS:-"direct nginx kvroute"}
 BODIES=${BODIES:-"247 8k sse ssechunk"}
 KVROUTE=${KVROUTE:-build/kvroute}
+KVROUTE_ARGS=${KVROUTE_ARGS:-}
 PROFILE=${PROFILE:-1}
 OUT=${OUT:-out/overhead}
 KEEP_TMP=${KEEP_TMP:-0}
@@ -319,7 +321,7 @@ start_kvroute() { # port [wrapper...]: starts kvroute, sets LAST_PID
     shift
     "$@" "$KVROUTE" --worker "http://127.0.0.1:$P_STUB1" --worker "http://127.0.0.1:$P_STUB2" \
         --model m --policy round_robin --host 127.0.0.1 --port "$port" \
-        --health-interval-ms 0 --log-level warn >>"$TMP/kvroute-$port.log" 2>&1 &
+        --health-interval-ms 0 --log-level warn $KVROUTE_ARGS >>"$TMP/kvroute-$port.log" 2>&1 &
     LAST_PID=$!
     MAIN_PIDS+=("$LAST_PID")
 }
@@ -592,7 +594,7 @@ median_row() { # path body: the result row with the median req/s among the repea
 {
     echo "Run: $(date -u +%Y-%m-%dT%H:%MZ); wrk ${THREADS} thread, ${CONNS} connections, ${DURATION} s per cell after ${WARMUP} s warm-up, ${REPEAT} run(s) per cell (median shown)."
     echo "Machine: ${NCPU} vCPU ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')), kernel $(uname -r); wrk, proxy and stubs share these cores. $(nginx -v 2>&1 | sed 's/.*: //'), wrk $(dpkg-query -W -f='${Version}' wrk 2>/dev/null || echo '?'), libcurl $(dpkg-query -W -f='${Version}' libcurl4 2>/dev/null || echo '?'), libuv $(dpkg-query -W -f='${Version}' libuv1 2>/dev/null || echo '?')."
-    echo "Load average before the run: $(cut -d' ' -f1-3 /proc/loadavg)."
+    echo "Load average before the run: $(cut -d' ' -f1-3 /proc/loadavg).${KVROUTE_ARGS:+ kvroute flags: $KVROUTE_ARGS.}"
     echo
     echo "| path | request / response | req/s | p50 ms | p99 ms | proxy CPU µs/req | stub CPU µs/req | wrk CPU µs/req | host busy | other load (cores) | errors |"
     echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"

@@ -132,6 +132,9 @@ static const kvr_flag flags[] = {
     F("seed", U64, seed, 0, 1.8e19, "seed of faults, output text and hashes"),
     F("max-waiting", SIZE, max_waiting, 1, 1e9, "queued requests before 503"),
     F("max-body-bytes", SIZE, max_body_bytes, 1024, 1e10, "request body cap"),
+    F("close-after-requests", U64, close_after_requests, 0, 1e12,
+      "close each keep-alive connection after N responses without announcing it, as a worker "
+      "whose keep-alive timeout fires just as a response ends (0 = never)"),
     F("detokenize-cache-entries", SIZE, detokenize_cache_entries, 0, 1 << 24,
       "prompt pieces remembered so /detokenize can print them (0 = none)"),
     F("max-stored-responses", SIZE, max_stored_responses, 0, 1e7,

@@ -174,6 +174,7 @@ int kvr_sim_run(const kvr_sim_config *c)
     kvr_http_limits lim;
     kvr_http_limits_default(&lim);
     lim.max_body_bytes = c->max_body_bytes;
+    lim.close_after_requests = c->close_after_requests;
     s.server = kvr_http_server_new(&s.loop, &lim, kvr_sim_api_handle, s.api);
     int rc = kvr_http_server_listen(s.server, c->host, c->port);
     int status = 0;

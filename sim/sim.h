@@ -39,6 +39,8 @@ typedef struct kvr_sim_config {
     uint64_t seed;                   /**< faults, output text, ids and the root block hash */
     size_t max_waiting;              /**< queued requests before 503 (10000) */
     size_t max_body_bytes;           /**< request body cap (32 MiB) */
+    uint64_t close_after_requests;   /**< close each keep-alive connection after this many
+                                          responses, unannounced (0 = never) */
     size_t detokenize_cache_entries; /**< pieces remembered for /detokenize (65536; 0 = none) */
     size_t max_stored_responses;     /**< /v1/responses kept for previous_response_id (10000) */
     kvr_sim_faults faults;           /**< initial fault settings */

@@ -20,6 +20,9 @@ static int set_route_scorers(void *target, const kvr_flag *f, const char *v, cha
 static void show_scorers(FILE *out, const void *target, const kvr_flag *f);
 static void show_worker(FILE *out, const void *target, const kvr_flag *f);
 static int set_kv_events(void *target, const kvr_flag *f, const char *v, char *err, size_t cap);
+static int set_upstream_client(void *target, const kvr_flag *f, const char *v, char *err,
+                               size_t cap);
+static void show_upstream_client(FILE *out, const void *target, const kvr_flag *f);
 
 /* Per-route flags, written once: each row is both a route key of the file (offsets into
  * kvr_route_cfg) and a global flag setting the defaults of every route (offsets into
@@ -148,6 +151,17 @@ static const kvr_flag flags[] = {
       "max gap between a worker's body bytes"),
     FL("max-worker-connections", LONG, upstream.max_host_connections, 0, 1e6,
       "connections per worker (0 = unlimited)"),
+    {.name = "upstream-client", .type = KVR_FLAG_CUSTOM, .off = OFF(upstream.client),
+     .help = "HTTP client of http:// workers: native (kvroute's own HTTP/1.1 client) or curl "
+             "(libcurl); https:// always uses libcurl",
+     .set = set_upstream_client, .show = show_upstream_client},
+    FL("upstream-max-idle", SIZE, upstream.max_idle, 0, 1e6,
+       "native client: idle keep-alive connections kept per worker"),
+    FL("upstream-idle-timeout-ms", U64, upstream.idle_timeout_ms, 0, 1e10,
+       "native client: an idle worker connection is closed after this long (0 = never)"),
+    FL("upstream-max-requests-per-connection", U64, upstream.max_requests_per_connection, 0,
+       1e12, "native client: a worker connection is closed after this many responses "
+             "(0 = unlimited)"),
     FL("max-routing-text-bytes", SIZE, max_routing_text_bytes, 0, 1e12,
       "routing text kept per request (longer is cut)"),
     FL("session-keys", STR, session_keys, 0, 0,
@@ -367,6 +381,27 @@ static int set_kv_events(void *target, const kvr_flag *f, const char *v, char *e
     a[c->nkv_events_args++] = v;
     c->kv_events_args = a;
     return 0;
+}
+
+static int set_upstream_client(void *target, const kvr_flag *f, const char *v, char *err,
+                               size_t cap)
+{
+    kvr_upstream_client *c = (kvr_upstream_client *)((char *)target + f->off);
+    if (!strcmp(v, "native"))
+        *c = KVR_UP_CLIENT_NATIVE;
+    else if (!strcmp(v, "curl"))
+        *c = KVR_UP_CLIENT_CURL;
+    else {
+        snprintf(err, cap, "--upstream-client: expected native or curl, got '%s'", v);
+        return -1;
+    }
+    return 0;
+}
+
+static void show_upstream_client(FILE *out, const void *target, const kvr_flag *f)
+{
+    const kvr_upstream_client *c = (const kvr_upstream_client *)((const char *)target + f->off);
+    fputs(*c == KVR_UP_CLIENT_CURL ? "curl" : "native", out);
 }
 
 /* "--config FILE" / "--config=FILE" anywhere in argv: the file is read before the flags. */

@@ -153,7 +153,10 @@ typedef struct kvr_config {
                                         --idle-timeout-ms, --write-buffer-bytes,
                                         --max-connections, --max-connections-per-ip */
     kvr_upstream_opts upstream;    /**< --connect-timeout-ms, --first-byte-timeout-ms,
-                                        --stream-idle-timeout-ms, --max-worker-connections */
+                                        --stream-idle-timeout-ms, --max-worker-connections,
+                                        --upstream-client, --upstream-max-idle,
+                                        --upstream-idle-timeout-ms,
+                                        --upstream-max-requests-per-connection */
     size_t max_routing_text_bytes; /**< --max-routing-text-bytes: routing text kept per request
                                         (32 MiB); longer texts are cut, which keeps the prefix
                                         property */

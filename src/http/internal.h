@@ -114,6 +114,7 @@ struct kvr_http_conn {
     int close_after_flush;
     int reading;  /**< uv_read_start active */
     int eof;      /**< the client closed its side */
+    uint64_t nresp; /**< responses ended on this connection (close_after_requests) */
     int in_drive; /**< inside conn_drive (guards re-entry from a synchronous resp_end) */
     int wait_out; /**< parsing paused until queued output falls to write_high_water */
     size_t linger_bytes;

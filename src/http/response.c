@@ -509,6 +509,9 @@ void kvr_http_resp_end(kvr_http_req *r)
                 r->close_after = 1;
             }
             keep = r->keep_alive && !r->close_after && r->framing != KVR_HTTP_F_EOF;
+            kvr_http_server *s = c->srv;
+            if (s && s->lim.close_after_requests && ++c->nresp >= s->lim.close_after_requests)
+                keep = 0;
         }
     }
     kvr_http__req_release(r, keep);

@@ -55,6 +55,11 @@ typedef struct kvr_http_limits {
                                         closed at once (0 = no limit) */
     size_t write_high_water;      /**< bytes pending to the client above which
                                        kvr_http_resp_write() reports "full" (default 65536) */
+    uint64_t close_after_requests; /**< test behaviour (kvroute-sim --close-after-requests):
+                                       close a connection after this many responses without
+                                       announcing it (the last one still says keep-alive), as a
+                                       worker whose keep-alive timeout fires just as a response
+                                       ends (0 = never, the default) */
 } kvr_http_limits;
 /* A zero field selects its default. idle_timeout_ms is also the send timeout: a client that
  * accepts no bytes of a pending write for that long is dropped (nginx send_timeout). While the

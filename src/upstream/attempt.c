@@ -35,7 +35,7 @@ const char *kvr_upstream_err_name(kvr_upstream_err e)
     return "other";
 }
 
-kvr_upstream_err kvr_up__map_result(kvr_upstream_attempt *a, CURLcode rc, const char **msg)
+kvr_upstream_err kvr_up__map_result(kvr_upc_attempt *a, CURLcode rc, const char **msg)
 {
     if (a->fail_kind != KVR_UP_OK) {
         *msg = a->fail_msg;
@@ -93,8 +93,8 @@ static uint64_t min_nz(uint64_t a, uint64_t b)
 
 static void timer_cb(uv_timer_t *t)
 {
-    kvr_upstream_attempt *a = t->data;
-    kvr_upstream *u = a->u;
+    kvr_upc_attempt *a = t->data;
+    kvr_upc *u = a->u;
     if (a->state != KVR_UP_S_RUNNING && a->state != KVR_UP_S_PENDING)
         return;
     uint64_t now = uv_now(u->loop);
@@ -115,7 +115,7 @@ static void timer_cb(uv_timer_t *t)
             uv_timer_start(t, timer_cb, next, 0);
         return;
     }
-    /* Time paused by our own backpressure is not idleness: kvr_upstream_resume re-arms. */
+    /* Time paused by our own backpressure is not idleness: kvr_upc_resume re-arms. */
     if (a->paused || !idle)
         return;
     uint64_t gap = now - a->last_rx_ms;
@@ -126,18 +126,18 @@ static void timer_cb(uv_timer_t *t)
     uv_timer_start(t, timer_cb, idle - gap, 0);
 }
 
-void kvr_up__attempt_arm(kvr_upstream_attempt *a)
+void kvr_up__attempt_arm(kvr_upc_attempt *a)
 {
-    kvr_upstream *u = a->u;
+    kvr_upc *u = a->u;
     a->start_ms = uv_now(u->loop);
     uint64_t ms = min_nz(u->opts.first_byte_timeout_ms, u->opts.stream_idle_timeout_ms);
     if (ms)
         uv_timer_start(&a->timer, timer_cb, ms, 0);
 }
 
-void kvr_up__attempt_rearm_idle(kvr_upstream_attempt *a)
+void kvr_up__attempt_rearm_idle(kvr_upc_attempt *a)
 {
-    kvr_upstream *u = a->u;
+    kvr_upc *u = a->u;
     a->last_rx_ms = uv_now(u->loop);
     if (u->opts.stream_idle_timeout_ms && !uv_is_active((uv_handle_t *)&a->timer))
         uv_timer_start(&a->timer, timer_cb, u->opts.stream_idle_timeout_ms, 0);
@@ -166,7 +166,7 @@ static int parse_status(const char *p, size_t l)
     return s;
 }
 
-static int grow_headers(kvr_upstream_attempt *a)
+static int grow_headers(kvr_upc_attempt *a)
 {
     if (a->nhdrs < a->hdrs_cap)
         return 0;
@@ -184,7 +184,7 @@ static int grow_headers(kvr_upstream_attempt *a)
 }
 
 /* One header line (CRLF stripped, not blank). Returns 0 or -1 when over the cap / OOM. */
-static int add_header_line(kvr_upstream_attempt *a, const char *p, size_t l)
+static int add_header_line(kvr_upc_attempt *a, const char *p, size_t l)
 {
     if (is_ows(p[0])) {
         /* obs-fold continuation: join to the previous value, which ends the buffer */
@@ -230,9 +230,9 @@ static int add_header_line(kvr_upstream_attempt *a, const char *p, size_t l)
 }
 
 /* The final head ended: deliver it. Returns 0 when the attempt was cancelled meanwhile. */
-static int deliver_head(kvr_upstream_attempt *a)
+static int deliver_head(kvr_upc_attempt *a)
 {
-    kvr_upstream *u = a->u;
+    kvr_upc *u = a->u;
     for (size_t i = 0; i < a->nhdrs; i++) {
         a->hdrs[i].name = a->head.data + a->hoff[2 * i];
         a->hdrs[i].value = a->head.data + a->hoff[2 * i + 1];
@@ -247,7 +247,7 @@ static int deliver_head(kvr_upstream_attempt *a)
 
 static size_t header_cb(char *p, size_t size, size_t nitems, void *ud)
 {
-    kvr_upstream_attempt *a = ud;
+    kvr_upc_attempt *a = ud;
     size_t len = size * nitems;
     if (a->state != KVR_UP_S_RUNNING)
         return 0; /* cancelled: abort, libcurl then closes the connection */
@@ -281,7 +281,7 @@ static size_t header_cb(char *p, size_t size, size_t nitems, void *ud)
 
 static size_t write_cb(char *p, size_t size, size_t nitems, void *ud)
 {
-    kvr_upstream_attempt *a = ud;
+    kvr_upc_attempt *a = ud;
     size_t len = size * nitems;
     if (a->state != KVR_UP_S_RUNNING)
         return 0;
@@ -303,7 +303,7 @@ static size_t write_cb(char *p, size_t size, size_t nitems, void *ud)
  * resolves into a denied range is refused (a pooled connection was checked when opened). */
 static curl_socket_t open_socket(void *clientp, curlsocktype purpose, struct curl_sockaddr *ad)
 {
-    kvr_upstream_attempt *a = clientp;
+    kvr_upc_attempt *a = clientp;
     const kvr_upstream_opts *o = &a->u->opts;
     (void)purpose;
     if (o->allow_connect) {
@@ -317,9 +317,9 @@ static curl_socket_t open_socket(void *clientp, curlsocktype purpose, struct cur
     return socket(ad->family, ad->socktype, ad->protocol);
 }
 
-kvr_upstream_attempt *kvr_up__attempt_new(kvr_upstream *u)
+kvr_upc_attempt *kvr_up__attempt_new(kvr_upc *u)
 {
-    kvr_upstream_attempt *a = calloc(1, sizeof(*a));
+    kvr_upc_attempt *a = calloc(1, sizeof(*a));
     if (!a)
         return NULL;
     a->easy = curl_easy_init();
@@ -390,13 +390,18 @@ static int bad_bytes(const char *p, size_t n, int is_name)
     return 0;
 }
 
-static int build_request_headers(kvr_upstream_attempt *a, const kvr_http_header *h, size_t n)
+int kvr_up__header_ok(const kvr_http_header *h)
+{
+    return h->name_len && !bad_bytes(h->name, h->name_len, 1) &&
+           !bad_bytes(h->value, h->value_len, 0);
+}
+
+static int build_request_headers(kvr_upc_attempt *a, const kvr_http_header *h, size_t n)
 {
     size_t bytes = 0;
     int has_ctype = 0, has_accept = 0;
     for (size_t i = 0; i < n; i++) {
-        if (h[i].name_len == 0 || bad_bytes(h[i].name, h[i].name_len, 1) ||
-            bad_bytes(h[i].value, h[i].value_len, 0))
+        if (!kvr_up__header_ok(&h[i]))
             return -1;
         bytes += h[i].name_len + 2 + h[i].value_len + 1;
     }
@@ -450,7 +455,7 @@ static int build_request_headers(kvr_upstream_attempt *a, const kvr_http_header 
     return 0;
 }
 
-int kvr_up__attempt_prepare(kvr_upstream_attempt *a, const char *method, const char *url,
+int kvr_up__attempt_prepare(kvr_upc_attempt *a, const char *method, const char *url,
                             const kvr_http_header *h, size_t n, const char *body, size_t len)
 {
     if (!method || !url || (len && !body))
@@ -491,7 +496,7 @@ int kvr_up__attempt_prepare(kvr_upstream_attempt *a, const char *method, const c
     return 0;
 }
 
-void kvr_up__attempt_trim(kvr_upstream_attempt *a)
+void kvr_up__attempt_trim(kvr_upc_attempt *a)
 {
     a->cbs = (kvr_upstream_cbs){0};
     a->ud = NULL;
@@ -516,13 +521,13 @@ void kvr_up__attempt_trim(kvr_upstream_attempt *a)
 
 static void attempt_closed(uv_handle_t *h)
 {
-    kvr_upstream_attempt *a = h->data;
-    kvr_upstream *u = a->u;
+    kvr_upc_attempt *a = h->data;
+    kvr_upc *u = a->u;
     free(a);
     kvr_up__handle_closed(u);
 }
 
-void kvr_up__attempt_destroy(kvr_upstream_attempt *a)
+void kvr_up__attempt_destroy(kvr_upc_attempt *a)
 {
     if (a->easy) {
         curl_easy_cleanup(a->easy);
@@ -540,8 +545,9 @@ void kvr_up__attempt_destroy(kvr_upstream_attempt *a)
     uv_close((uv_handle_t *)&a->timer, attempt_closed);
 }
 
-int kvr_upstream_body_sent(kvr_upstream_attempt *a, size_t len)
+int kvr_upc_body_sent(kvr_upstream_attempt *ah, size_t len)
 {
+    kvr_upc_attempt *a = (kvr_upc_attempt *)ah;
     curl_off_t up = 0;
     if (curl_easy_getinfo(a->easy, CURLINFO_SIZE_UPLOAD_T, &up) != CURLE_OK)
         return 0;

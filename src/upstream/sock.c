@@ -31,13 +31,13 @@
 struct kvr_usock {
     uv_poll_t poll;
     curl_socket_t fd;
-    kvr_upstream *u;
+    kvr_upc *u;
     int events;          /* UV_READABLE | UV_WRITABLE armed now; 0 = stopped */
     int parked;          /* libcurl sent CURL_POLL_REMOVE: no transfer watches the socket */
     kvr_usock *next_free;
 };
 
-static kvr_usock *lookup(kvr_upstream *u, curl_socket_t fd)
+static kvr_usock *lookup(kvr_upc *u, curl_socket_t fd)
 {
     return fd >= 0 && (size_t)fd < u->socks_cap ? u->socks[fd] : NULL;
 }
@@ -67,7 +67,7 @@ static void poll_cb(uv_poll_t *p, int status, int events)
 static void sock_closed(uv_handle_t *h)
 {
     kvr_usock *k = h->data;
-    kvr_upstream *u = k->u;
+    kvr_upc *u = k->u;
     if (u->closing) {
         free(k);
     } else {
@@ -77,7 +77,7 @@ static void sock_closed(uv_handle_t *h)
     kvr_up__handle_closed(u);
 }
 
-static void sock_close(kvr_upstream *u, kvr_usock *k)
+static void sock_close(kvr_upc *u, kvr_usock *k)
 {
     u->socks[k->fd] = NULL;
     uv_poll_stop(&k->poll);
@@ -95,7 +95,7 @@ static void sock_park(kvr_usock *k)
     uv_unref((uv_handle_t *)&k->poll);
 }
 
-static kvr_usock *sock_open(kvr_upstream *u, curl_socket_t fd)
+static kvr_usock *sock_open(kvr_upc *u, curl_socket_t fd)
 {
     if ((size_t)fd >= u->socks_cap) {
         size_t n = u->socks_cap ? u->socks_cap : 64;
@@ -133,7 +133,7 @@ static kvr_usock *sock_open(kvr_upstream *u, curl_socket_t fd)
 
 int kvr_up__socket_cb(CURL *e, curl_socket_t s, int what, void *userp, void *socketp)
 {
-    kvr_upstream *u = userp;
+    kvr_upc *u = userp;
     if (s < 0)
         return 0;
     kvr_usock *k = lookup(u, s);
@@ -146,7 +146,7 @@ int kvr_up__socket_cb(CURL *e, curl_socket_t s, int what, void *userp, void *soc
         k = sock_open(u, s);
         if (!k) {
             /* Fail only this transfer (returning -1 would kill the whole multi handle). */
-            kvr_upstream_attempt *a = NULL;
+            kvr_upc_attempt *a = NULL;
             if (e && curl_easy_getinfo(e, CURLINFO_PRIVATE, &a) == CURLE_OK && a)
                 kvr_up__fail_later(a, KVR_UP_OTHER, "cannot watch the upstream socket");
             return 0;
@@ -176,14 +176,14 @@ int kvr_up__socket_cb(CURL *e, curl_socket_t s, int what, void *userp, void *soc
 
 int kvr_up__closesocket_cb(void *clientp, curl_socket_t s)
 {
-    kvr_upstream *u = clientp;
+    kvr_upc *u = clientp;
     kvr_usock *k = lookup(u, s);
     if (k)
         sock_close(u, k);
     return close(s);
 }
 
-void kvr_up__socks_shutdown(kvr_upstream *u)
+void kvr_up__socks_shutdown(kvr_upc *u)
 {
     for (size_t i = 0; i < u->socks_cap; i++)
         if (u->socks[i])

@@ -32,21 +32,20 @@ void kvr_upstream_opts_default(kvr_upstream_opts *o)
     o->stream_idle_timeout_ms = 120000;
     o->max_host_connections = 0;
     o->max_total_connections = 1024;
+    o->client = KVR_UP_CLIENT_NATIVE;
+    o->max_idle = 64;
+    o->idle_timeout_ms = 60000;
+    o->max_requests_per_connection = 0;
 }
 
-size_t kvr_upstream_active(const kvr_upstream *u)
+size_t kvr_upc_active(const kvr_upc *u)
 {
     return u->active;
 }
 
-uv_loop_t *kvr_upstream_loop(const kvr_upstream *u)
-{
-    return u->loop;
-}
-
 /* ---- attempt lists ---- */
 
-static void active_link(kvr_upstream *u, kvr_upstream_attempt *a)
+static void active_link(kvr_upc *u, kvr_upc_attempt *a)
 {
     a->prev = NULL;
     a->next = u->active_head;
@@ -56,7 +55,7 @@ static void active_link(kvr_upstream *u, kvr_upstream_attempt *a)
     u->active++;
 }
 
-static void active_unlink(kvr_upstream *u, kvr_upstream_attempt *a)
+static void active_unlink(kvr_upc *u, kvr_upc_attempt *a)
 {
     if (a->prev)
         a->prev->next = a->next;
@@ -68,9 +67,9 @@ static void active_unlink(kvr_upstream *u, kvr_upstream_attempt *a)
     u->active--;
 }
 
-static void recycle(kvr_upstream_attempt *a)
+static void recycle(kvr_upc_attempt *a)
 {
-    kvr_upstream *u = a->u;
+    kvr_upc *u = a->u;
     a->state = KVR_UP_S_FREE;
     kvr_up__attempt_trim(a);
     a->lnext = u->free_head;
@@ -78,7 +77,7 @@ static void recycle(kvr_upstream_attempt *a)
 }
 
 /* An attempt that ended: back to the free list, unless the kick queue still points at it. */
-static void release(kvr_upstream_attempt *a)
+static void release(kvr_upc_attempt *a)
 {
     if (a->queued)
         a->state = KVR_UP_S_ZOMBIE;
@@ -88,9 +87,9 @@ static void release(kvr_upstream_attempt *a)
 
 static void kick_cb(uv_idle_t *h);
 
-static void enqueue(kvr_upstream_attempt *a)
+static void enqueue(kvr_upc_attempt *a)
 {
-    kvr_upstream *u = a->u;
+    kvr_upc *u = a->u;
     if (!a->queued) {
         a->queued = 1;
         a->qnext = NULL;
@@ -104,7 +103,7 @@ static void enqueue(kvr_upstream_attempt *a)
         uv_idle_start(&u->kick, kick_cb);
 }
 
-static void remove_from_multi(kvr_upstream *u, kvr_upstream_attempt *a)
+static void remove_from_multi(kvr_upc *u, kvr_upc_attempt *a)
 {
     assert(u->depth == 0);
     if (a->in_multi) {
@@ -113,10 +112,10 @@ static void remove_from_multi(kvr_upstream *u, kvr_upstream_attempt *a)
     }
 }
 
-static void drain_kills(kvr_upstream *u)
+static void drain_kills(kvr_upc *u)
 {
     while (u->kill_head) {
-        kvr_upstream_attempt *a = u->kill_head;
+        kvr_upc_attempt *a = u->kill_head;
         u->kill_head = a->lnext;
         a->lnext = NULL;
         remove_from_multi(u, a);
@@ -124,7 +123,7 @@ static void drain_kills(kvr_upstream *u)
     }
 }
 
-static void leave(kvr_upstream *u)
+static void leave(kvr_upc *u)
 {
     if (--u->depth == 0)
         drain_kills(u);
@@ -132,9 +131,9 @@ static void leave(kvr_upstream *u)
 
 /* ---- ending attempts ---- */
 
-void kvr_up__finish(kvr_upstream_attempt *a, kvr_upstream_err kind, const char *msg)
+void kvr_up__finish(kvr_upc_attempt *a, kvr_upstream_err kind, const char *msg)
 {
-    kvr_upstream *u = a->u;
+    kvr_upc *u = a->u;
     remove_from_multi(u, a);
     uv_timer_stop(&a->timer);
     active_unlink(u, a);
@@ -144,7 +143,7 @@ void kvr_up__finish(kvr_upstream_attempt *a, kvr_upstream_err kind, const char *
     release(a);
 }
 
-void kvr_up__fail_later(kvr_upstream_attempt *a, kvr_upstream_err kind, const char *msg)
+void kvr_up__fail_later(kvr_upc_attempt *a, kvr_upstream_err kind, const char *msg)
 {
     if (a->state != KVR_UP_S_RUNNING && a->state != KVR_UP_S_PENDING)
         return;
@@ -155,7 +154,7 @@ void kvr_up__fail_later(kvr_upstream_attempt *a, kvr_upstream_err kind, const ch
     enqueue(a);
 }
 
-static void check_done(kvr_upstream *u)
+static void check_done(kvr_upc *u)
 {
     CURLMsg *m;
     int left;
@@ -163,7 +162,7 @@ static void check_done(kvr_upstream *u)
         if (m->msg != CURLMSG_DONE)
             continue;
         CURLcode rc = m->data.result; /* m is invalid once the handle is removed */
-        kvr_upstream_attempt *a = NULL;
+        kvr_upc_attempt *a = NULL;
         curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, &a);
         if (!a || a->state != KVR_UP_S_RUNNING)
             continue; /* cancelled: the kill list removes it */
@@ -173,7 +172,7 @@ static void check_done(kvr_upstream *u)
     }
 }
 
-void kvr_up__drive(kvr_upstream *u, curl_socket_t fd, int flags)
+void kvr_up__drive(kvr_upc *u, curl_socket_t fd, int flags)
 {
     int running;
     assert(u->depth == 0);
@@ -185,9 +184,9 @@ void kvr_up__drive(kvr_upstream *u, curl_socket_t fd, int flags)
 
 /* ---- deferred work ---- */
 
-static void add_to_multi(kvr_upstream_attempt *a)
+static void add_to_multi(kvr_upc_attempt *a)
 {
-    kvr_upstream *u = a->u;
+    kvr_upc *u = a->u;
     CURLMcode mc = curl_multi_add_handle(u->multi, a->easy);
     if (mc != CURLM_OK) {
         kvr_up__finish(a, KVR_UP_OTHER, curl_multi_strerror(mc));
@@ -197,9 +196,9 @@ static void add_to_multi(kvr_upstream_attempt *a)
     a->state = KVR_UP_S_RUNNING;
 }
 
-static void resume_now(kvr_upstream_attempt *a)
+static void resume_now(kvr_upc_attempt *a)
 {
-    kvr_upstream *u = a->u;
+    kvr_upc *u = a->u;
     a->resume_req = 0;
     if (!a->paused)
         return;
@@ -218,12 +217,12 @@ static void resume_now(kvr_upstream_attempt *a)
  * without ever polling; idle work queued while this runs waits for the next iteration. */
 static void kick_cb(uv_idle_t *h)
 {
-    kvr_upstream *u = h->data;
+    kvr_upc *u = h->data;
     uv_idle_stop(h);
-    kvr_upstream_attempt *a = u->queue_head;
+    kvr_upc_attempt *a = u->queue_head;
     u->queue_head = u->queue_tail = NULL;
     while (a) {
-        kvr_upstream_attempt *next = a->qnext;
+        kvr_upc_attempt *next = a->qnext;
         a->qnext = NULL;
         a->queued = 0;
         switch (a->state) {
@@ -260,7 +259,7 @@ static void curl_timer_cb(uv_timer_t *t)
  * 0 ms uv timer (reference B.5 #5). */
 static int timer_function(CURLM *m, long timeout_ms, void *userp)
 {
-    kvr_upstream *u = userp;
+    kvr_upc *u = userp;
     (void)m;
     if (timeout_ms < 0)
         uv_timer_stop(&u->curl_timer);
@@ -271,11 +270,11 @@ static int timer_function(CURLM *m, long timeout_ms, void *userp)
 
 /* ---- public API ---- */
 
-kvr_upstream *kvr_upstream_new(uv_loop_t *loop, const kvr_upstream_opts *opts)
+kvr_upc *kvr_upc_new(uv_loop_t *loop, const kvr_upstream_opts *opts)
 {
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
         abort();
-    kvr_upstream *u = calloc(1, sizeof(*u));
+    kvr_upc *u = calloc(1, sizeof(*u));
     if (!u)
         abort();
     u->loop = loop;
@@ -302,13 +301,13 @@ kvr_upstream *kvr_upstream_new(uv_loop_t *loop, const kvr_upstream_opts *opts)
     return u;
 }
 
-kvr_upstream_attempt *kvr_upstream_start(kvr_upstream *u, const char *method, const char *url,
-                                         const kvr_http_header *h, size_t n, const char *body,
-                                         size_t len, const kvr_upstream_cbs *cbs, void *ud)
+kvr_upstream_attempt *kvr_upc_start(kvr_upc *u, const char *method, const char *url,
+                                    const kvr_http_header *h, size_t n, const char *body,
+                                    size_t len, const kvr_upstream_cbs *cbs, void *ud)
 {
     if (u->closing || !cbs || !cbs->on_body || !cbs->on_done)
         return NULL;
-    kvr_upstream_attempt *a = u->free_head;
+    kvr_upc_attempt *a = u->free_head;
     if (a)
         u->free_head = a->lnext;
     else if (!(a = kvr_up__attempt_new(u)))
@@ -325,7 +324,7 @@ kvr_upstream_attempt *kvr_upstream_start(kvr_upstream *u, const char *method, co
     if (u->depth > 0) {
         a->state = KVR_UP_S_PENDING;
         enqueue(a);
-        return a;
+        return &a->hdr;
     }
     CURLMcode mc = curl_multi_add_handle(u->multi, a->easy);
     if (mc != CURLM_OK) {
@@ -337,11 +336,12 @@ kvr_upstream_attempt *kvr_upstream_start(kvr_upstream *u, const char *method, co
     }
     a->in_multi = 1;
     a->state = KVR_UP_S_RUNNING;
-    return a;
+    return &a->hdr;
 }
 
-void kvr_upstream_resume(kvr_upstream_attempt *a)
+void kvr_upc_resume(kvr_upstream_attempt *ah)
 {
+    kvr_upc_attempt *a = (kvr_upc_attempt *)ah;
     if (!a || a->state != KVR_UP_S_RUNNING)
         return;
     if (a->u->depth > 0) {
@@ -352,11 +352,12 @@ void kvr_upstream_resume(kvr_upstream_attempt *a)
     resume_now(a);
 }
 
-void kvr_upstream_cancel(kvr_upstream_attempt *a)
+void kvr_upc_cancel(kvr_upstream_attempt *ah)
 {
+    kvr_upc_attempt *a = (kvr_upc_attempt *)ah;
     if (!a || (a->state != KVR_UP_S_RUNNING && a->state != KVR_UP_S_PENDING))
         return; /* already ending (e.g. called from its own on_done) */
-    kvr_upstream *u = a->u;
+    kvr_upc *u = a->u;
     uv_timer_stop(&a->timer);
     active_unlink(u, a);
     a->cbs = (kvr_upstream_cbs){0};
@@ -378,7 +379,7 @@ static void client_closed(uv_handle_t *h)
     kvr_up__handle_closed(h->data);
 }
 
-void kvr_up__handle_closed(kvr_upstream *u)
+void kvr_up__handle_closed(kvr_upc *u)
 {
     if (--u->open_handles == 0 && u->closing) {
         free(u);
@@ -386,15 +387,15 @@ void kvr_up__handle_closed(kvr_upstream *u)
     }
 }
 
-void kvr_upstream_close(kvr_upstream *u)
+void kvr_upc_close(kvr_upc *u)
 {
     assert(u->depth == 0); /* not from inside an upstream callback */
     u->closing = 1;
     while (u->active_head)
-        kvr_upstream_cancel(u->active_head);
+        kvr_upc_cancel(&u->active_head->hdr);
     drain_kills(u);
     /* Whatever is still queued has ended (zombies); nothing else can be on the queue now. */
-    for (kvr_upstream_attempt *a = u->queue_head, *next; a; a = next) {
+    for (kvr_upc_attempt *a = u->queue_head, *next; a; a = next) {
         next = a->qnext;
         a->queued = 0;
         a->qnext = NULL;
@@ -406,7 +407,7 @@ void kvr_upstream_close(kvr_upstream *u)
     curl_multi_cleanup(u->multi);
     u->multi = NULL;
     while (u->free_head) {
-        kvr_upstream_attempt *a = u->free_head;
+        kvr_upc_attempt *a = u->free_head;
         u->free_head = a->lnext;
         kvr_up__attempt_destroy(a);
     }

@@ -1,9 +1,16 @@
-/* Upstream HTTP/1.1 client: libcurl multi_socket driven by the same libuv loop (the pattern of
- * curl's docs/examples/multi-uv.c). One "attempt" = one request to one worker. Streaming with
- * backpressure: the body callback may refuse bytes (libcurl pauses and redelivers them later).
- * Pitfalls handled here (reference B.5): empty Expect header, no curl_multi_remove_handle from
- * inside callbacks (deferred kill list), CURL_CSELECT_ERR on poll errors, one uv_poll per fd,
- * no CURLOPT_TIMEOUT on streams (first-byte and idle timers instead), HTTP/1.1 only. */
+/* Upstream HTTP/1.1 client: one "attempt" = one request to one worker, streamed with
+ * backpressure (the body callback may refuse bytes; they come again after a resume). Two
+ * implementations sit behind this interface (src/upstream/impl.h), chosen per request by
+ * kvr_upstream_opts.client and the URL, and no caller knows which one served an attempt:
+ *  - native (native.c, npool.c, respparse.c): libuv TCP, http_parser in response mode, a
+ *    keep-alive pool per worker; http:// only. The default.
+ *  - libcurl multi_socket driven by the same libuv loop (upstream.c, attempt.c, sock.c; the
+ *    pattern of curl's docs/examples/multi-uv.c): https:// (TLS) always, and every URL with
+ *    --upstream-client curl. Pitfalls handled there (reference B.5): empty Expect header, no
+ *    curl_multi_remove_handle from inside callbacks (deferred kill list), one uv_poll per fd,
+ *    no CURLOPT_TIMEOUT on streams (first-byte and idle timers instead), HTTP/1.1 only.
+ * Both give the same callbacks, failure kinds and deadlines (docs/operations.md "Upstream
+ * failures"). */
 #ifndef KVR_UPSTREAM_UPSTREAM_H
 #define KVR_UPSTREAM_UPSTREAM_H
 #include <stddef.h>
@@ -16,6 +23,12 @@
 typedef struct kvr_upstream kvr_upstream;
 typedef struct kvr_upstream_attempt kvr_upstream_attempt;
 
+/** Which client serves http:// workers (--upstream-client). */
+typedef enum kvr_upstream_client {
+    KVR_UP_CLIENT_NATIVE = 0, /**< the native HTTP/1.1 client (default) */
+    KVR_UP_CLIENT_CURL = 1,   /**< libcurl, as before the native client existed */
+} kvr_upstream_client;
+
 /** Options of the upstream client; times in milliseconds, 0 = no limit. */
 typedef struct kvr_upstream_opts {
     uint64_t connect_timeout_ms;     /**< TCP connect (default 5000) */
@@ -25,8 +38,17 @@ typedef struct kvr_upstream_opts {
     uint64_t stream_idle_timeout_ms; /**< max gap between body bytes, counted from the
                                           headers; time paused by on_body returning 1 is not
                                           counted (default 120000) */
-    long max_host_connections;       /**< per worker (CURLMOPT_MAX_HOST_CONNECTIONS; 0 = none) */
-    long max_total_connections;      /**< connection cache size (CURLMOPT_MAXCONNECTS; 1024) */
+    long max_host_connections;       /**< open connections per worker; more attempts wait for
+                                          a free one (CURLMOPT_MAX_HOST_CONNECTIONS; 0 = none) */
+    long max_total_connections;      /**< libcurl's connection cache size (CURLMOPT_MAXCONNECTS;
+                                          1024) */
+    kvr_upstream_client client;      /**< who serves http:// (native) */
+    size_t max_idle;                 /**< native: idle keep-alive connections kept per worker
+                                          (64); more are closed */
+    uint64_t idle_timeout_ms;        /**< native: an idle pooled connection is closed after
+                                          this long (60000; 0 = never) */
+    uint64_t max_requests_per_connection; /**< native: a connection is closed after this many
+                                          responses (0 = unlimited) */
     /** Optional connect-time check (the egress policy): called for every new connection with
      *  the request's URL and the address about to be dialled (after DNS resolution); returning
      *  0 refuses it and the attempt fails with KVR_UP_EGRESS_DENIED. */
@@ -77,14 +99,19 @@ void kvr_upstream_close(kvr_upstream *u);
  *  `body` (may be NULL when len 0) is NOT copied and must stay valid until on_done or cancel.
  *  `method` is "GET" or "POST" (others as given). on_body and on_done are required,
  *  on_headers may be NULL. May be called from inside callbacks (the transfer then begins on the
- *  next loop iteration). Returns the attempt, or NULL when it could not be started (then no
- *  callback runs): a URL that is not http:// or https://, control characters in a header,
- *  a header name with ':' or blanks, or out of memory. */
+ *  next loop iteration; the native client always begins there, so no callback ever runs
+ *  before this returns). The request goes out as one write of the head (Content-Length when
+ *  there is a body or the method is POST, PUT or PATCH) and the body; Host is the URL's
+ *  authority. Returns the attempt, or NULL when it could not be started (then no callback
+ *  runs): a URL that is not http:// or https:// (or, native, one with blanks or control
+ *  bytes or an unparsable authority), control characters in a header, a header name with ':'
+ *  or blanks, or out of memory. */
 kvr_upstream_attempt *kvr_upstream_start(kvr_upstream *u, const char *method, const char *url,
                                          const kvr_http_header *h, size_t n, const char *body,
                                          size_t len, const kvr_upstream_cbs *cbs, void *ud);
 /** Resumes an attempt paused by on_body returning 1. May call on_body before returning only
- *  if called outside any libcurl callback; otherwise deferred to the next loop iteration. */
+ *  if called outside any upstream callback (of either client); otherwise deferred to the next
+ *  loop iteration. */
 void kvr_upstream_resume(kvr_upstream_attempt *a);
 /** Cancels: closes the worker connection (the worker sees the disconnect, so the generation
  *  stops) and frees the attempt; no callback runs after this returns. Safe to call from

@@ -1,4 +1,4 @@
-/* Private to src/upstream: the client and attempt structures shared by upstream.c (client
+/* Private to src/upstream: the libcurl client (`kvr_upc`, see impl.h) and attempt structures shared by upstream.c (client
  * lifecycle, multi driving, deferred work), sock.c (one uv_poll per curl socket) and attempt.c
  * (one transfer: easy handle, request, response callbacks, deadlines). Internal cross-file
  * symbols use the `kvr_up__` prefix. Everything here runs on the client's loop thread. */
@@ -9,7 +9,7 @@
 #include <stdint.h>
 #include <uv.h>
 
-#include "upstream/upstream.h"
+#include "upstream/impl.h"
 #include "util/buf.h"
 
 /* Response head bytes kept per attempt: libcurl 7.88 itself refuses more than
@@ -32,9 +32,11 @@ typedef enum kvr_up_state {
 } kvr_up_state;
 
 typedef struct kvr_usock kvr_usock;
+typedef struct kvr_upc_attempt kvr_upc_attempt;
 
-struct kvr_upstream_attempt {
-    kvr_upstream *u;
+struct kvr_upc_attempt {
+    kvr_upstream_attempt hdr; /* first: hdr.native == 0 */
+    kvr_upc *u;
     CURL *easy;       /* owned; options that never change are set once at creation */
     uv_timer_t timer; /* first-byte, then stream-idle deadline (lazily re-armed); closed with u */
     kvr_up_state state;
@@ -46,7 +48,7 @@ struct kvr_upstream_attempt {
     unsigned in_block : 1;    /* inside a response head (status line seen, blank line not) */
     unsigned egress_denied : 1; /* the egress hook refused an address of this attempt */
     int status;               /* status of the head being parsed */
-    uint64_t start_ms;        /* uv_now() at kvr_upstream_start (first-byte deadline) */
+    uint64_t start_ms;        /* uv_now() at kvr_upc_start (first-byte deadline) */
     uint64_t last_rx_ms;      /* uv_now() of the last body bytes (or of headers / resume) */
     kvr_upstream_err fail_kind; /* set by our own callbacks when they abort the transfer */
     const char *fail_msg;
@@ -69,12 +71,12 @@ struct kvr_upstream_attempt {
 
     char errbuf[CURL_ERROR_SIZE];
 
-    kvr_upstream_attempt *prev, *next; /* u->active list */
-    kvr_upstream_attempt *qnext;       /* kick queue */
-    kvr_upstream_attempt *lnext;       /* kill list or free list (never both) */
+    kvr_upc_attempt *prev, *next; /* u->active list */
+    kvr_upc_attempt *qnext;       /* kick queue */
+    kvr_upc_attempt *lnext;       /* kill list or free list (never both) */
 };
 
-struct kvr_upstream {
+struct kvr_upc {
     uv_loop_t *loop;
     CURLM *multi;
     kvr_upstream_opts opts;
@@ -84,10 +86,10 @@ struct kvr_upstream {
     int closing;
     size_t active;
     size_t open_handles; /* libuv handles not yet closed; u is freed when this reaches 0 */
-    kvr_upstream_attempt *active_head;
-    kvr_upstream_attempt *free_head;
-    kvr_upstream_attempt *kill_head;
-    kvr_upstream_attempt *queue_head, *queue_tail;
+    kvr_upc_attempt *active_head;
+    kvr_upc_attempt *free_head;
+    kvr_upc_attempt *kill_head;
+    kvr_upc_attempt *queue_head, *queue_tail;
     kvr_usock **socks; /* fd → its poll (at most one per fd) */
     size_t socks_cap;
     kvr_usock *sock_free;
@@ -95,36 +97,36 @@ struct kvr_upstream {
 
 /* ---- upstream.c ---- */
 /** Runs curl_multi_socket_action(fd, flags) then drains the kill list and completed transfers. */
-void kvr_up__drive(kvr_upstream *u, curl_socket_t fd, int flags);
+void kvr_up__drive(kvr_upc *u, curl_socket_t fd, int flags);
 /** Ends a running or pending attempt: removes it from the multi (closing its connection if the
  *  transfer was not complete), runs on_done, recycles. Only with u->depth == 0. */
-void kvr_up__finish(kvr_upstream_attempt *a, kvr_upstream_err kind, const char *msg);
+void kvr_up__finish(kvr_upc_attempt *a, kvr_upstream_err kind, const char *msg);
 /** Fails `a` with `kind` on the next loop iteration (for code that runs inside libcurl). */
-void kvr_up__fail_later(kvr_upstream_attempt *a, kvr_upstream_err kind, const char *msg);
+void kvr_up__fail_later(kvr_upc_attempt *a, kvr_upstream_err kind, const char *msg);
 /** Drops one libuv handle from the count and frees the client once closing and none is left. */
-void kvr_up__handle_closed(kvr_upstream *u);
+void kvr_up__handle_closed(kvr_upc *u);
 
 /* ---- sock.c ---- */
 int kvr_up__socket_cb(CURL *e, curl_socket_t s, int what, void *userp, void *socketp);
 int kvr_up__closesocket_cb(void *clientp, curl_socket_t s);
 /** Closes every remaining poll and frees the pooled ones (client shutdown). */
-void kvr_up__socks_shutdown(kvr_upstream *u);
+void kvr_up__socks_shutdown(kvr_upc *u);
 
 /* ---- attempt.c ---- */
 /** A new attempt with its easy handle configured from u->opts; NULL on allocation failure. */
-kvr_upstream_attempt *kvr_up__attempt_new(kvr_upstream *u);
+kvr_upc_attempt *kvr_up__attempt_new(kvr_upc *u);
 /** Sets the per-request options. Returns 0, or -1 (bad header bytes, bad URL scheme, OOM). */
-int kvr_up__attempt_prepare(kvr_upstream_attempt *a, const char *method, const char *url,
+int kvr_up__attempt_prepare(kvr_upc_attempt *a, const char *method, const char *url,
                             const kvr_http_header *h, size_t n, const char *body, size_t len);
 /** Arms the deadline timer (first-byte, then stream-idle) for a just-started attempt. */
-void kvr_up__attempt_arm(kvr_upstream_attempt *a);
+void kvr_up__attempt_arm(kvr_upc_attempt *a);
 /** Re-arms the idle deadline after a resume. */
-void kvr_up__attempt_rearm_idle(kvr_upstream_attempt *a);
+void kvr_up__attempt_rearm_idle(kvr_upc_attempt *a);
 /** Releases oversized buffers before the attempt goes back to the free list. */
-void kvr_up__attempt_trim(kvr_upstream_attempt *a);
+void kvr_up__attempt_trim(kvr_upc_attempt *a);
 /** Frees the buffers and easy handle and closes the timer; memory goes in its close callback. */
-void kvr_up__attempt_destroy(kvr_upstream_attempt *a);
+void kvr_up__attempt_destroy(kvr_upc_attempt *a);
 /** The kind and text of a finished transfer's result. */
-kvr_upstream_err kvr_up__map_result(kvr_upstream_attempt *a, CURLcode rc, const char **msg);
+kvr_upstream_err kvr_up__map_result(kvr_upc_attempt *a, CURLcode rc, const char **msg);
 
 #endif

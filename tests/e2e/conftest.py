@@ -808,6 +808,10 @@ class Kvroute:
         argv += ["--host", "127.0.0.1", "--port", str(self.port)]
         if os.environ.get("KVROUTE_LOG_LEVEL"):
             argv += ["--log-level", os.environ["KVROUTE_LOG_LEVEL"]]
+        # KVROUTE_UPSTREAM_CLIENT=native|curl: which HTTP client talks to the workers (the
+        # Makefile's test target runs the upstream-related files once more with curl)
+        if os.environ.get("KVROUTE_UPSTREAM_CLIENT"):
+            argv += ["--upstream-client", os.environ["KVROUTE_UPSTREAM_CLIENT"]]
         argv += [str(a) for a in extra]
         self.argv = argv
         n = len(registry.procs)

@@ -40,6 +40,12 @@ Per-request control headers (they travel through kvroute, which forwards client 
       reset_before_headers  read the request, reset the connection (RST) without answering
       flood:BYTES           SSE of ~1 KiB events written as fast as the socket accepts, up to
                             BYTES, logging bytes written and time spent blocked on the socket
+      bytewise              write the whole response (status line, headers, body, chunk
+                            framing) one byte per write, each flushed before the next
+      malformed:KIND        answer with a malformed response in one write, then close:
+                            status_line (bad status line), chunk_size (a 200 whose chunked body
+                            starts with a bad chunk size), overlong (a 200 whose body is longer
+                            than its Content-Length)
   x-stub-events: N          content events in an SSE response (default --events, 5)
   x-stub-interval-ms: N     gap between SSE events (default --interval-ms, 0)
 
@@ -259,6 +265,12 @@ class Conn:
             self.mark_gone()
             raise ClientGone()
         e = self.entry
+        if getattr(self, "bytewise", False) and len(data) > 1:
+            for i in range(len(data)):
+                await self.send(data[i:i + 1], body_len=body_len if i == len(data) - 1 else 0)
+                await self.flush()
+                await asyncio.sleep(0.0002)
+            return
         self.writer.write(data)
         if e is not None:
             e["wire_bytes_written"] += len(data)
@@ -354,6 +366,7 @@ class Conn:
 
     async def dispatch(self, req):
         path = req["path"]
+        self.bytewise = False
         if path.startswith("/stub/"):
             return await self.admin(req)
         if path == "/health":
@@ -543,6 +556,9 @@ class Conn:
             return await self.respond_error(req, e, 405, "method not allowed")
         if "fail" in directives:
             return await self.respond_error(req, e, int(directives["fail"]), "stub failure (requested)")
+        if "malformed" in directives:
+            return await self.respond_malformed(e, directives["malformed"])
+        self.bytewise = "bytewise" in directives
         kind = kinds[path]
         if not isinstance(obj, dict):
             return await self.respond_error(req, e, 400, "stub: body is not a JSON object")
@@ -657,6 +673,23 @@ class Conn:
         e["t_end"] = time.monotonic()
         e["ended"] = "complete"
         return True
+
+    async def respond_malformed(self, e, kind):
+        body = b'{"id":"x","object":"chat.completion","choices":[]}'
+        msgs = {
+            "status_line": b"HTTP/1.1 2OO OK\r\nContent-Length: 2\r\n\r\nok",
+            "chunk_size": (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                           b"Transfer-Encoding: chunked\r\n\r\nzz\r\n" + body + b"\r\n0\r\n\r\n"),
+            "overlong": (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n" % len(body) + body + b"TRAILING-GARBAGE"),
+        }
+        e["status"] = 0
+        e["t_headers_sent"] = time.monotonic()
+        await self.send(msgs.get(kind, b"garbage\r\n\r\n"))
+        e["ended"] = "dropped"
+        await self.close_fin()
+        e["t_end"] = time.monotonic()
+        return False
 
     async def respond_flood(self, req, e, kind, model, total):
         head = self.common_headers(req, 200)

@@ -42,6 +42,7 @@ static struct {
     atomic_int live;            /* connection threads alive */
     atomic_int conn_of[MAX_IDS];   /* connection number that served request id */
     atomic_int expect_of[MAX_IDS]; /* request id carried an Expect header */
+    atomic_int seen_of[MAX_IDS];   /* times request id reached the server */
     _Atomic uint64_t disc_ns[MAX_IDS]; /* when the server saw the client leave (0 = never) */
     pthread_mutex_t mu;
     char head_of[MAX_IDS][4096]; /* request head (truncated) */
@@ -62,6 +63,7 @@ static uint32_t sum_bytes(uint32_t s, const char *p, size_t n)
 }
 
 static __thread int cur_id; /* request being served by this thread */
+static __thread int drop_next; /* "/armdrop" served: close on the next request, unanswered */
 
 static void record_disconnect(int id)
 {
@@ -232,6 +234,39 @@ static int serve(int fd, const char *method, const char *path, const char *targe
         snprintf(big + o, sizeof(big) - o, "Content-Length: 0\r\n\r\n");
         return send_str(fd, big) == 0;
     }
+    if (!strcmp(path, "/armdrop")) {
+        /* the answer keeps the connection alive, but the next request on it is dropped
+         * unanswered: a keep-alive close that crossed the client's next request */
+        drop_next = 1;
+        return send_str(fd, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok") == 0;
+    }
+    if (!strcmp(path, "/dropnow"))
+        return 0; /* closed without a byte of answer */
+    if (!strcmp(path, "/trickle")) {
+        /* one byte per send, chunk extensions and trailers included */
+        const char *m = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                        "Transfer-Encoding: chunked\r\nX-A:  b \r\n\r\n"
+                        "d;ext=1\r\ndata: hello\n\n\r\n10\r\ndata: [DONE]\n\n\r\n\r\n"
+                        "0\r\nTrailer-X: y\r\n\r\n";
+        for (const char *p = m; *p; p++) {
+            if (send_all(fd, p, 1) < 0)
+                return 0;
+            usleep(200);
+        }
+        return 1;
+    }
+    if (!strcmp(path, "/badchunk"))
+        return send_str(fd, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                            "zz\r\nhello\r\n0\r\n\r\n") == 0 && 0;
+    if (!strcmp(path, "/overlong"))
+        return send_str(fd, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokEXTRA") == 0 && 0;
+    if (!strcmp(path, "/http10")) {
+        send_str(fd, "HTTP/1.0 200 OK\r\nX-V: 10\r\n\r\nread to the close");
+        return 0;
+    }
+    if (!strcmp(path, "/connclose"))
+        return send_str(fd, "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n"
+                            "\r\nok") == 0 && 0;
     if (!strcmp(path, "/garbage")) {
         send_str(fd, "FOO BAR BAZ\r\n\r\n");
         return 0;
@@ -280,6 +315,7 @@ static void *conn_main(void *arg)
                 atomic_store(&S.expect_of[id], 1);
         }
         atomic_store(&S.conn_of[id], cno);
+        atomic_fetch_add(&S.seen_of[id], 1);
         cur_id = id;
         pthread_mutex_lock(&S.mu);
         size_t keep = strlen(head) < sizeof(S.head_of[id]) ? strlen(head) : sizeof(S.head_of[id]) - 1;
@@ -299,6 +335,10 @@ static void *conn_main(void *arg)
                 goto out;
             sum = sum_bytes(sum, tmp, (size_t)r);
             left -= (size_t)r;
+        }
+        if (drop_next) {
+            drop_next = 0;
+            break;
         }
         if (!serve(fd, method, path, target, id, body_len, sum))
             break;
@@ -593,10 +633,14 @@ static int has_head(void *arg)
     return ((rec *)arg)->n_head > 0;
 }
 
+/* Every test runs once per client (main): native, then libcurl. */
+static kvr_upstream_client g_client = KVR_UP_CLIENT_NATIVE;
+
 static kvr_upstream *new_client(uint64_t first_byte, uint64_t idle, long max_host)
 {
     kvr_upstream_opts o;
     kvr_upstream_opts_default(&o);
+    o.client = g_client;
     o.connect_timeout_ms = 2000;
     if (first_byte)
         o.first_byte_timeout_ms = first_byte;
@@ -907,6 +951,7 @@ static void test_connect_timeout(void **state)
     kvr_upstream_opts o;
     kvr_upstream_opts_default(&o);
     o.connect_timeout_ms = 200;
+    o.client = g_client;
     kvr_upstream *u = kvr_upstream_new(&L, &o);
     rec r;
     rec_init(&r, u);
@@ -1319,6 +1364,200 @@ static void test_bad_input(void **state)
     close_client(u);
 }
 
+/* A pooled connection whose worker drops the next request unanswered (its keep-alive close
+ * crossed our write): the request is re-sent once on a fresh connection and succeeds; the
+ * caller sees one clean attempt (nginx's and Envoy's rule; libcurl does the same). */
+static void test_stale_pooled_connection_resent(void **state)
+{
+    (void)state;
+    kvr_upstream *u = new_client(0, 0, 0);
+    rec a, b;
+    rec_init(&a, u);
+    rec_init(&b, u);
+    assert_non_null(start(&a, "GET", "/armdrop", NULL, NULL, 0));
+    assert_true(run_until(is_done, &a, 3000));
+    assert_int_equal(a.err, KVR_UP_OK);
+    assert_non_null(start(&b, "POST", "/echo", NULL, "abc", 3));
+    assert_true(run_until(is_done, &b, 3000));
+    assert_int_equal(b.err, KVR_UP_OK);
+    assert_int_equal(b.done, 1);
+    assert_int_equal(b.n_head, 1);
+    assert_int_equal(atomic_load(&S.seen_of[b.id]), 2); /* dropped once, answered once */
+    assert_true(atomic_load(&S.conn_of[b.id]) != atomic_load(&S.conn_of[a.id]));
+    char want[64];
+    snprintf(want, sizeof(want), "{\"len\":3,\"sum\":%u}", sum_bytes(0, "abc", 3));
+    assert_int_equal(b.body.len, strlen(want));
+    assert_memory_equal(b.body.data, want, strlen(want));
+    rec_free(&a);
+    rec_free(&b);
+    close_client(u);
+}
+
+/* A fresh connection closed before any byte of the answer is an ordinary failure. */
+static void test_fresh_connection_closed_is_reset(void **state)
+{
+    (void)state;
+    kvr_upstream *u = new_client(0, 0, 0);
+    rec r;
+    rec_init(&r, u);
+    assert_non_null(start(&r, "POST", "/dropnow", NULL, "{}", 2));
+    assert_true(run_until(is_done, &r, 3000));
+    assert_int_equal(r.err, KVR_UP_RESET);
+    assert_int_equal(r.got_headers, 0);
+    assert_int_equal(atomic_load(&S.seen_of[r.id]), 1); /* not re-sent */
+    rec_free(&r);
+    close_client(u);
+}
+
+/* Status line, headers and a chunked body (extensions, trailers) one byte per send: the
+ * caller gets the decoded body exactly. */
+static void test_one_byte_at_a_time(void **state)
+{
+    (void)state;
+    kvr_upstream *u = new_client(0, 0, 0);
+    rec r;
+    rec_init(&r, u);
+    assert_non_null(start(&r, "GET", "/trickle", NULL, NULL, 0));
+    assert_true(run_until(is_done, &r, 10000));
+    assert_int_equal(r.err, KVR_UP_OK);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.heads, "X-A=[b]\n"));
+    assert_null(strstr(r.heads, "Trailer-X"));
+    const char *want = "data: hello\n\ndata: [DONE]\n\n\r\n";
+    assert_int_equal(r.body.len, strlen(want));
+    assert_memory_equal(r.body.data, want, strlen(want));
+    rec_free(&r);
+    close_client(u);
+}
+
+/* HTTP/1.0 without a length: the body runs to the close, and the connection is not reused;
+ * Connection: close likewise. */
+static void test_read_to_close_and_connection_close(void **state)
+{
+    (void)state;
+    kvr_upstream *u = new_client(0, 0, 0);
+    rec r, c, d;
+    rec_init(&r, u);
+    rec_init(&c, u);
+    rec_init(&d, u);
+    assert_non_null(start(&r, "GET", "/http10", NULL, NULL, 0));
+    assert_true(run_until(is_done, &r, 3000));
+    assert_int_equal(r.err, KVR_UP_OK);
+    assert_int_equal(r.body.len, strlen("read to the close"));
+    assert_memory_equal(r.body.data, "read to the close", r.body.len);
+    assert_non_null(strstr(r.heads, "X-V=[10]"));
+    assert_non_null(start(&c, "GET", "/connclose", NULL, NULL, 0));
+    assert_true(run_until(is_done, &c, 3000));
+    assert_int_equal(c.err, KVR_UP_OK);
+    assert_int_equal(c.body.len, 2);
+    assert_non_null(start(&d, "GET", "/json", NULL, NULL, 0));
+    assert_true(run_until(is_done, &d, 3000));
+    assert_int_equal(d.err, KVR_UP_OK);
+    assert_true(atomic_load(&S.conn_of[d.id]) != atomic_load(&S.conn_of[c.id]));
+    assert_int_equal(atomic_load(&S.seen_of[d.id]), 1);
+    rec_free(&r);
+    rec_free(&c);
+    rec_free(&d);
+    close_client(u);
+}
+
+/* Malformed answers whose first read already shows it: the native client fails them as
+ * protocol errors before relaying the head (so a proxy can still answer 502); libcurl relays
+ * the head, then fails (bad chunk) or truncates silently (excess bytes). */
+static void test_malformed_first_read(void **state)
+{
+    (void)state;
+    kvr_upstream *u = new_client(0, 0, 0);
+    rec r, s2;
+    rec_init(&r, u);
+    rec_init(&s2, u);
+    assert_non_null(start(&r, "GET", "/badchunk", NULL, NULL, 0));
+    assert_true(run_until(is_done, &r, 3000));
+    assert_true(r.err != KVR_UP_OK);
+    assert_non_null(start(&s2, "GET", "/overlong", NULL, NULL, 0));
+    assert_true(run_until(is_done, &s2, 3000));
+    if (g_client == KVR_UP_CLIENT_NATIVE) {
+        assert_int_equal(r.err, KVR_UP_PROTOCOL);
+        assert_int_equal(r.got_headers, 0);
+        assert_int_equal(r.n_head + r.n_body, 0);
+        assert_int_equal(s2.err, KVR_UP_PROTOCOL);
+        assert_int_equal(s2.got_headers, 0);
+        assert_int_equal(s2.n_head + s2.n_body, 0);
+    }
+    rec_free(&r);
+    rec_free(&s2);
+    close_client(u);
+}
+
+/* Pool knobs of the native client: max requests per connection, max idle 0. */
+static void test_pool_limits(void **state)
+{
+    (void)state;
+    if (g_client != KVR_UP_CLIENT_NATIVE)
+        return;
+    kvr_upstream_opts o;
+    kvr_upstream_opts_default(&o);
+    o.max_requests_per_connection = 2;
+    kvr_upstream *u = kvr_upstream_new(&L, &o);
+    int conn[3];
+    for (int i = 0; i < 3; i++) {
+        rec r;
+        rec_init(&r, u);
+        assert_non_null(start(&r, "GET", "/json", NULL, NULL, 0));
+        assert_true(run_until(is_done, &r, 3000));
+        assert_int_equal(r.err, KVR_UP_OK);
+        conn[i] = atomic_load(&S.conn_of[r.id]);
+        rec_free(&r);
+    }
+    assert_int_equal(conn[0], conn[1]);
+    assert_true(conn[2] != conn[1]);
+    close_client(u);
+
+    o.max_requests_per_connection = 0;
+    o.max_idle = 0;
+    u = kvr_upstream_new(&L, &o);
+    for (int i = 0; i < 2; i++) {
+        rec r;
+        rec_init(&r, u);
+        assert_non_null(start(&r, "GET", "/json", NULL, NULL, 0));
+        assert_true(run_until(is_done, &r, 3000));
+        assert_int_equal(r.err, KVR_UP_OK);
+        conn[i] = atomic_load(&S.conn_of[r.id]);
+        rec_free(&r);
+    }
+    assert_true(conn[0] != conn[1]);
+    close_client(u);
+}
+
+static int deny_all(void *ud, const char *url, const struct sockaddr *sa)
+{
+    (void)sa;
+    (*(int *)ud)++;
+    return strstr(url, "/json") == NULL;
+}
+
+/* The egress hook sees every new connection (URL and resolved address) and may refuse it. */
+static void test_egress_hook(void **state)
+{
+    (void)state;
+    int calls = 0;
+    kvr_upstream_opts o;
+    kvr_upstream_opts_default(&o);
+    o.client = g_client;
+    o.allow_connect = deny_all;
+    o.allow_connect_ud = &calls;
+    kvr_upstream *u = kvr_upstream_new(&L, &o);
+    rec r;
+    rec_init(&r, u);
+    assert_non_null(start(&r, "GET", "/json", NULL, NULL, 0));
+    assert_true(run_until(is_done, &r, 3000));
+    assert_int_equal(r.err, KVR_UP_EGRESS_DENIED);
+    assert_int_equal(atomic_load(&S.seen_of[r.id]), 0);
+    assert_true(calls >= 1);
+    rec_free(&r);
+    close_client(u);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1345,7 +1584,21 @@ int main(void)
         T(test_handle_reuse_across_methods),
         T(test_many_headers),
         T(test_bad_input),
+        T(test_stale_pooled_connection_resent),
+        T(test_fresh_connection_closed_is_reset),
+        T(test_one_byte_at_a_time),
+        T(test_read_to_close_and_connection_close),
+        T(test_malformed_first_read),
+        T(test_pool_limits),
+        T(test_egress_hook),
 #undef T
     };
-    return cmocka_run_group_tests(tests, server_start, server_stop);
+    if (server_start(NULL) != 0)
+        return 1;
+    g_client = KVR_UP_CLIENT_NATIVE;
+    int failed = cmocka_run_group_tests_name("native client", tests, NULL, NULL);
+    g_client = KVR_UP_CLIENT_CURL;
+    failed += cmocka_run_group_tests_name("libcurl client", tests, NULL, NULL);
+    server_stop(NULL);
+    return failed;
 }
