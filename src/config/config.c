@@ -162,6 +162,9 @@ static const kvr_flag flags[] = {
     FL("upstream-max-requests-per-connection", U64, upstream.max_requests_per_connection, 0,
        1e12, "native client: a worker connection is closed after this many responses "
              "(0 = unlimited)"),
+    FL("upstream-resend-window-ms", U64, upstream.resend_window_ms, 0, 1e7,
+       "native client: a reused connection closed within this long of the request's write, "
+       "before any response byte, re-sends it once on a fresh connection (0 = never)"),
     FL("max-routing-text-bytes", SIZE, max_routing_text_bytes, 0, 1e12,
       "routing text kept per request (longer is cut)"),
     FL("session-keys", STR, session_keys, 0, 0,

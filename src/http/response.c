@@ -423,6 +423,10 @@ static int resp_start(kvr_http_req *r, int status, const char *ctype, const kvr_
     r->resp_len = framing == KVR_HTTP_F_LENGTH ? content_length : -1;
     r->resp_sent = 0;
     kvr_http__flush_later(c);
+    /* A head alone above the high-water mark: the handler sees it pending and waits for
+     * on_drain, which must then come (a 100 KB header block used to stall the stream). */
+    if (kvr_http__pending(c) > s->lim.write_high_water)
+        r->want_drain = 1;
     return 0;
 }
 

@@ -128,7 +128,9 @@ void kvr_upn__conn_failed(upn_attempt *a, kvr_upstream_err kind, const char *msg
 void kvr_upn__conn_broke(upn_attempt *a, int uverr)
 {
     upn_conn *c = a->c;
-    if (c && c->reused && !a->got_bytes && !a->resent && !a->u->closing) {
+    const kvr_upstream_opts *o = &a->u->opts;
+    if (c && c->reused && !a->got_bytes && !a->resent && !a->u->closing &&
+        o->resend_window_ms && uv_now(a->u->loop) - a->write_ms <= o->resend_window_ms) {
         KVR_DEBUG("upstream: pooled connection to %s closed before the response (%s): re-sent",
                   a->host->authority, uv_err_name(uverr));
         a->resent = 1;
@@ -342,6 +344,7 @@ void kvr_upn__use_conn(upn_attempt *a, upn_conn *c)
     c->reused = c->nreq > 0;
     c->nreq++;
     c->roff = c->rlen = 0;
+    a->write_ms = uv_now(a->u->loop);
     int rc = kvr_upn__write(c, a->req.data, a->req.len, a->body, a->body_len);
     if (rc < 0) {
         /* reported from the kick: this may run inside another attempt's ending */

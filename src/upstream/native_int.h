@@ -66,6 +66,7 @@ struct upn_attempt {
     kvr_upstream_err fail_kind; /* a failure to report from the kick */
     const char *fail_msg;
     uint64_t start_ms, last_rx_ms;
+    uint64_t write_ms;       /* when the request was written on the current connection */
     kvr_upstream_cbs cbs;
     void *ud;
     const char *body;        /* the caller's body: not copied, valid until on_done/cancel */
@@ -114,6 +115,8 @@ struct upn_conn {
     unsigned gai_busy : 1;
     unsigned denied : 1;     /* the egress hook refused an address of it */
     unsigned tried_lit : 1;  /* the host's literal address was tried */
+    unsigned release_pending : 1; /* kept for reuse while its last write's callback is due:
+                                   * released (pool or waiter) from that callback */
     uint64_t nreq;           /* requests written on it */
     struct addrinfo *ai, *ai_next; /* resolved addresses, the next one to try */
     int last_err;            /* libuv error of the last failed try */

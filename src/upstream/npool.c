@@ -198,6 +198,12 @@ static void write_cb(uv_write_t *req, int status)
     upn_sock *s = req->data;
     upn_conn *c = s->c;
     c->writing = 0;
+    if (c->release_pending) { /* its response ended first: now it may carry another request */
+        c->release_pending = 0;
+        if (c->state != UPN_C_CLOSED && c->s == s && !c->a)
+            kvr_upn__release(c, status == 0);
+        return;
+    }
     if (c->state == UPN_C_CLOSED || c->s != s || !c->a)
         return;
     upn_attempt *a = c->a;
@@ -427,6 +433,13 @@ void kvr_upn__release(upn_conn *c, int keep)
     upn_host *h = c->host;
     if (!keep || u->closing || !c->s) {
         kvr_upn__conn_close(c);
+        return;
+    }
+    if (c->writing) {
+        /* The answer came before libuv reported the write done: its uv_write_t is still
+         * pending, and a new request on this connection must not reuse it (write_cb releases
+         * the connection instead). */
+        c->release_pending = 1;
         return;
     }
     upn_attempt *w = wait_pop(h);

@@ -8,6 +8,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 static int is_ows(char c)
 {
@@ -109,6 +110,32 @@ static void finish_head(kvr_resp *r)
     }
 }
 
+/* Transfer-Encoding may name only `chunked`: kvroute asks for no other coding (it sends no TE
+ * header), and relaying, say, gzip-coded bytes as the body would hand clients bytes they cannot
+ * read without the header that says so (RFC 9112 §6.1). */
+static int codings_ok(const kvr_resp *r)
+{
+    for (size_t i = 0; i < r->nhdrs; i++) {
+        const kvr_http_header *h = &r->hdrs[i];
+        if (h->name_len != 17 || strncasecmp(h->name, "transfer-encoding", 17) != 0)
+            continue;
+        const char *v = h->value, *end = v + h->value_len;
+        while (v < end) {
+            const char *c = memchr(v, ',', (size_t)(end - v));
+            const char *e = c ? c : end;
+            const char *a = v, *b = e;
+            while (a < b && is_ows(*a))
+                a++;
+            while (b > a && is_ows(b[-1]))
+                b--;
+            if (b - a != 7 || strncasecmp(a, "chunked", 7) != 0)
+                return 0;
+            v = c ? c + 1 : end;
+        }
+    }
+    return 1;
+}
+
 static int on_headers_complete(http_parser *p)
 {
     kvr_resp *r = R(p);
@@ -123,9 +150,13 @@ static int on_headers_complete(http_parser *p)
         return fail(r, "unexpected 101 Switching Protocols");
     if (s < 100)
         return fail(r, "malformed status line");
+    if (s > 599) /* RFC 9110 §15: status codes are 100-599 */
+        return fail(r, "status code out of range");
     r->status = s;
     r->head_done = 1;
     finish_head(r);
+    if (!codings_ok(r))
+        return fail(r, "unsupported transfer coding (only chunked is decoded)");
     stop(p, KVR_RESP_HEAD);
     return r->skip_body ? 1 : 0; /* 1: no body (http_parser's HEAD convention) */
 }

@@ -36,6 +36,7 @@ void kvr_upstream_opts_default(kvr_upstream_opts *o)
     o->max_idle = 64;
     o->idle_timeout_ms = 60000;
     o->max_requests_per_connection = 0;
+    o->resend_window_ms = 100;
 }
 
 size_t kvr_upc_active(const kvr_upc *u)

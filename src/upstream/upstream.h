@@ -49,6 +49,14 @@ typedef struct kvr_upstream_opts {
                                           this long (60000; 0 = never) */
     uint64_t max_requests_per_connection; /**< native: a connection is closed after this many
                                           responses (0 = unlimited) */
+    uint64_t resend_window_ms;       /**< native: a pooled connection closed before any
+                                          response byte re-sends its request on a fresh one
+                                          only when that close came within this long of the
+                                          request's write (100): a close at once is the
+                                          keep-alive race (the worker shut the idle
+                                          connection as it was reused); a later one may mean
+                                          the worker was working on it, so it is a failure
+                                          (the retry rules decide), not a silent duplicate */
     /** Optional connect-time check (the egress policy): called for every new connection with
      *  the request's URL and the address about to be dialled (after DNS resolution); returning
      *  0 refuses it and the attempt fails with KVR_UP_EGRESS_DENIED. */

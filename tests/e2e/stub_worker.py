@@ -45,7 +45,9 @@ Per-request control headers (they travel through kvroute, which forwards client 
       malformed:KIND        answer with a malformed response in one write, then close:
                             status_line (bad status line), chunk_size (a 200 whose chunked body
                             starts with a bad chunk size), overlong (a 200 whose body is longer
-                            than its Content-Length)
+                            than its Content-Length), status_999 (a status out of 100-599),
+                            gzip_chunked (Transfer-Encoding: gzip, chunked), big_head (a valid
+                            200 whose header block is 100 KB)
   x-stub-events: N          content events in an SSE response (default --events, 5)
   x-stub-interval-ms: N     gap between SSE events (default --interval-ms, 0)
 
@@ -682,6 +684,14 @@ class Conn:
                            b"Transfer-Encoding: chunked\r\n\r\nzz\r\n" + body + b"\r\n0\r\n\r\n"),
             "overlong": (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
                          b"Content-Length: %d\r\n\r\n" % len(body) + body + b"TRAILING-GARBAGE"),
+            "status_999": b"HTTP/1.1 999 Odd\r\nContent-Length: 2\r\n\r\nok",
+            "gzip_chunked": (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                             b"Transfer-Encoding: gzip, chunked\r\n\r\n%x\r\n" % len(body)
+                             + body + b"\r\n0\r\n\r\n"),
+            # a 100 KB header block (over kvroute's 64 KiB write buffer), then a valid body
+            "big_head": (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                         b"X-Big: " + b"b" * 100000 + b"\r\n"
+                         b"Content-Length: %d\r\n\r\n" % len(body) + body),
         }
         e["status"] = 0
         e["t_headers_sent"] = time.monotonic()

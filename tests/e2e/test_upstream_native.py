@@ -6,13 +6,15 @@ started with --upstream-client native whatever KVROUTE_UPSTREAM_CLIENT says, exc
 says otherwise."""
 import asyncio
 import json
+import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
-from conftest import (MODEL, SIM_MODEL, RawConn, assert_openai_error, chat_body, http_post,
-                      parse_sse, sha256, wait_until)
+from conftest import (MODEL, SIM_MODEL, SSL_CTX, RawConn, assert_openai_error, chat_body,
+                      http_post, parse_sse, sha256, wait_until)
 
 P = "/v1/chat/completions"
 MiB = 1 << 20
@@ -139,7 +141,8 @@ def test_200_mib_stream_memory_bounded(stub, kvroute):
     kv.wait_inflight_zero()
 
 
-@pytest.mark.parametrize("kind", ["status_line", "chunk_size", "overlong"])
+@pytest.mark.parametrize("kind", ["status_line", "chunk_size", "overlong", "status_999",
+                                  "gzip_chunked"])
 def test_malformed_answer_gives_502(stub, kvroute, kind):
     """A bad status line, a bad chunk size, a body longer than its Content-Length: 502 with an
     OpenAI error, counted as a worker failure (kind protocol), and kvroute keeps serving."""
@@ -153,6 +156,112 @@ def test_malformed_answer_gives_502(stub, kvroute, kind):
         m.find("kvroute_upstream_errors_total")
     kv.wait_inflight_zero()
     kv.assert_serving(w)
+
+
+@pytest.mark.parametrize("client", ["native", "curl"])
+def test_head_larger_than_the_write_buffer(stub, kvroute, client):
+    """A worker's 100 KB header block is over kvroute's 64 KiB client write buffer: the body
+    still follows once the client read the head (it used to stall until the client gave up)."""
+    w = stub()
+    kv = kvroute([w], health_interval_ms=0, extra=["--upstream-client", client])
+    with RawConn(kv.port, timeout=10.0) as c:  # httpx refuses heads over 64 KiB itself
+        c.send(http_post(kv.port, P, chat_body(), headers=["x-stub-mode: malformed:big_head"]))
+        r = c.read_response(timeout=10.0)
+    assert r is not None and r.status == 200 and r.complete, r
+    assert len(r.header("x-big")) == 100000
+    assert json.loads(r.body)["object"] == "chat.completion"
+    kv.wait_inflight_zero()
+
+
+def test_concurrency_over_a_worker_connection_cap(sim_factory, kvroute):
+    """--max-worker-connections 1 with 32 concurrent clients: every request answered (a kept
+    connection is handed to a waiter only once its last write completed)."""
+    sim = sim_factory("--time-scale", "0")
+    kv = kvroute([sim], model=SIM_MODEL, health_interval_ms=0,
+                 extra=NATIVE + ["--max-worker-connections", 1])
+    body = chat_body(model=SIM_MODEL, max_tokens=2)
+
+    def one(i):
+        with httpx.Client(timeout=30.0, verify=SSL_CTX) as c:
+            return [c.post(kv.url + "/v1/chat/completions", json=body).status_code
+                    for _ in range(20)]
+    with ThreadPoolExecutor(32) as pool:
+        codes = [c for cs in pool.map(one, range(32)) for c in cs]
+    assert codes == [200] * 640
+    assert kv.proc.alive()
+    kv.wait_inflight_zero()
+
+
+def test_late_close_is_not_resent(kvroute):
+    """A reused connection the worker closes 500 ms after reading the request (it was working
+    on it) is a failure, not a silent re-send: the worker sees the request once. A close at
+    once (the keep-alive race) is still re-sent (test_worker_closing_after_every_response)."""
+    import socket
+    import threading
+    seen = []
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    port = srv.getsockname()[1]
+    ok = (b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n'
+          b'\r\n{}')
+
+    def read_request(c, buf):
+        while b"\r\n\r\n" not in buf:
+            d = c.recv(65536)
+            if not d:
+                return None, buf
+            buf += d
+        head, _, rest = buf.partition(b"\r\n\r\n")
+        n = int(re.search(rb"(?i)content-length:\s*(\d+)", head).group(1))
+        while len(rest) < n:
+            d = c.recv(65536)
+            if not d:
+                return None, b""
+            rest += d
+        return head, rest[n:]
+
+    def serve():
+        srv.settimeout(10)
+        try:
+            c, _ = srv.accept()
+        except OSError:
+            return
+        c.settimeout(10)
+        buf = b""
+        for i in range(2):
+            head, buf = read_request(c, buf)
+            if head is None:
+                break
+            rid = re.search(rb"(?i)x-request-id:\s*(\S+)", head).group(1)
+            seen.append(rid)
+            if i == 0:
+                c.sendall(ok)
+            else:
+                time.sleep(0.5)
+                c.close()
+                break
+        try:  # a re-send would come on a new connection, at once
+            srv.settimeout(1.5)
+            c2, _ = srv.accept()
+            c2.settimeout(2)
+            head, _ = read_request(c2, b"")
+            if head is not None:
+                seen.append(re.search(rb"(?i)x-request-id:\s*(\S+)", head).group(1))
+            c2.close()
+        except OSError:
+            pass
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    srv_url = "http://127.0.0.1:%d" % port
+    kv = kvroute([srv_url], health_interval_ms=0, check_inflight=False,
+                 extra=NATIVE + ["--max-retries", 0, "--scrape-interval", 0])
+    assert kv.chat(timeout=10.0).status_code == 200
+    r = kv.chat(timeout=10.0)
+    assert r.status_code == 502, r.text
+    t.join(5)
+    srv.close()
+    assert len(seen) == 2 and seen[0] != seen[1], seen
 
 
 def test_curl_client_still_selectable(stub, kvroute):
