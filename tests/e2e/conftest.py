@@ -46,14 +46,24 @@ STOP_TIMEOUT_S = 5.0
 
 
 # ============================================================================ small helpers
+_HANDED_OUT = set()
+
+
 def free_port():
-    """A port that was free a moment ago (bind 127.0.0.1:0, read it, close)."""
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-    finally:
-        s.close()
+    """A port that was free a moment ago (bind 127.0.0.1:0, read it, close), never one this
+    process handed out before: two calls in a row (a kvroute's port and its admin port) could
+    otherwise get the same port back from the kernel before either is bound."""
+    for _ in range(1000):
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        finally:
+            s.close()
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise AssertionError("no fresh free port")
 
 
 def wait_until(pred, timeout, interval=0.02, what="condition"):
