@@ -323,9 +323,13 @@ static void check_scan(const char *buf, size_t size, const json_t *body,
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    static kvr_session_sources src;
+    static kvr_session_sources src, deep;
     if (!src.n) {
         kvr_session_sources_default(&src);
+        /* nested paths and a fixed field as a session source */
+        if (kvr_session_sources_parse(&deep, "body:a.b.c,body:session_params.session_id.x,"
+                                      "body:model,header:x-session-id", NULL, 0) < 0)
+            abort();
         memset(g_long_id, 's', sizeof(g_long_id) - 1);
     }
     const char *buf = (const char *)data;
@@ -339,6 +343,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     json_decref(ref);
     check_scan(buf, size, body, &src);
+    check_scan(buf, size, body, &deep);
     if (!body) {
         if (!e1.text[0] || e1.line < 1 || e1.column < 1 || e1.position < 0 ||
             (size_t)e1.position > size)

@@ -3,6 +3,7 @@
 
 #include <ctype.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "api/auth.h"
@@ -10,6 +11,7 @@
 #include "api/validate.h"
 #include "app/reply.h"
 #include "proxy/proxy.h"
+#include "routing/fields.h"
 #include "util/json_read.h"
 
 typedef enum { R_MODELS, R_HEALTHZ, R_READYZ, R_METRICS } route;
@@ -52,28 +54,38 @@ static const char *endpoint_label(const char *path)
     return "other";
 }
 
-/* A proxied endpoint: parse and validate the body once, find the route its `model` names,
- * and hand the request to the proxy. */
+/* A proxied endpoint: scan and validate the body once (no tree: routing/fields.h), find the
+ * route its `model` names, and hand the request to the proxy, which builds the tree only when
+ * the route's policy reads the routing text. */
 static void proxied(kvr_app *app, kvr_http_req *r, kvr_endpoint ep)
 {
     size_t blen;
     const char *body = kvr_http_req_body(r, &blen);
-    json_error_t jerr;
-    json_t *j = kvr_json_read(body, blen, &jerr);
+    kvr_body_fields f;
     char msg[300];
-    if (!j) {
+    if (kvr_body_fields_scan(&f, body, blen, &app->session_sources) < 0) {
+        /* Not JSON: the reader says why and where, in the wording clients have seen. */
+        json_error_t jerr;
+        json_t *j = kvr_json_read(body, blen, &jerr);
+        if (j) { /* cannot happen (same acceptance); answer as before if it ever does */
+            json_decref(j);
+            snprintf(jerr.text, sizeof(jerr.text), "invalid JSON");
+        }
         snprintf(msg, sizeof(msg), "invalid JSON body: %s (line %d, column %d)", jerr.text,
                  jerr.line, jerr.column);
         kvr_reply_error(app, r, NULL, 400, msg, NULL, "invalid_json", NULL, 0);
         return;
     }
     const char *param = NULL;
-    if (kvr_api_validate(j, ep, msg, sizeof(msg), &param)) {
-        json_decref(j);
+    if (kvr_api_validate_fields(&f, ep, msg, sizeof(msg), &param)) {
         kvr_reply_error(app, r, NULL, 400, msg, param, "invalid_value", NULL, 0);
         return;
     }
-    const char *model = json_string_value(json_object_get(j, "model"));
+    char *model = NULL;
+    if (kvr_body_strdup(&f, KVR_FIELD_MODEL, &model, NULL) < 0) {
+        kvr_reply_error(app, r, NULL, 503, "out of memory", NULL, NULL, NULL, 0);
+        return;
+    }
     kvr_route *route = model ? kvr_app_route(app, model)
                        : app->routes->n == 1 ? app->routes->routes[0] : NULL;
     if (!route && app->discovering && app->routes->n == 0) {
@@ -81,7 +93,7 @@ static void proxied(kvr_app *app, kvr_http_req *r, kvr_endpoint ep)
         char ra[24];
         snprintf(ra, sizeof(ra), "%llu", (unsigned long long)app->cfg.retry_after_s);
         kvr_http_header h = {"Retry-After", 11, ra, strlen(ra)};
-        json_decref(j);
+        free(model);
         kvr_reply_error(app, r, NULL, 503,
                         "no model is known yet: no worker has answered /v1/models", NULL,
                         "no_eligible_worker", &h, 1);
@@ -90,19 +102,18 @@ static void proxied(kvr_app *app, kvr_http_req *r, kvr_endpoint ep)
     if (!route && !model) {
         snprintf(msg, sizeof(msg), "you must provide a model parameter: kvroute serves %zu "
                  "models", app->routes->n);
-        json_decref(j);
         kvr_reply_error(app, r, NULL, 400, msg, "model", "invalid_value", NULL, 0);
         return;
     }
     if (!route) {
         snprintf(msg, sizeof(msg), "The model '%.200s' does not exist or is not served here",
                  model);
-        json_decref(j);
+        free(model);
         kvr_reply_error(app, r, NULL, 404, msg, "model", "model_not_found", NULL, 0);
         return;
     }
-    kvr_proxy_forward(app, r, ep, route, j);
-    json_decref(j);
+    free(model);
+    kvr_proxy_forward(app, r, ep, route, &f);
 }
 
 /* A stored response's id as workers make them (OpenAI's "resp_…"): URL-safe characters

@@ -864,7 +864,7 @@ static void begin(preq *p);
 static int pick_with_room(preq *p, int process);
 static int pick_fixed(preq *p, int process);
 static void enqueue(preq *p);
-static int over_rate_limit(preq *p, const json_t *body);
+static int over_rate_limit(preq *p, const kvr_body_fields *body);
 
 static void route_now(preq *p);
 
@@ -925,9 +925,10 @@ static const char *client_traceparent(kvr_http_req *r)
     return v;
 }
 
-/* A request's state, before anything is sent. NULL when memory ran out (then answered). */
+/* A request's state, before anything is sent. NULL when memory ran out (then answered).
+ * `body` is the scan of the client's body (NULL for a stored-response request). */
 static preq *preq_new(kvr_app *app, kvr_http_req *r, kvr_endpoint ep, kvr_route *route,
-                      const json_t *body)
+                      const kvr_body_fields *body)
 {
     preq *p = calloc(1, sizeof(*p));
     if (p) {
@@ -937,13 +938,20 @@ static preq *preq_new(kvr_app *app, kvr_http_req *r, kvr_endpoint ep, kvr_route 
         kvr_buf_init(&p->held, SSE_HOLD_CAP);
     }
     size_t pin_len = 0;
-    const char *pin = ep == KVR_EP_RESPONSES ? kvr_route_previous_response_id(body, &pin_len)
-                                              : NULL;
-    const char *model = json_string_value(json_object_get(body, "model"));
-    if (!p || !(p->model = strdup(route->name)) ||
-        (model && !(p->client_model = strdup(model))) ||
-        (pin && !(p->pin = strndup(pin, pin_len))) ||
-        kvr_request_keys_build(app, route, body, ep, r, &p->keys) < 0) {
+    char *pin = NULL;
+    int oom = !p;
+    if (!oom && body && ep == KVR_EP_RESPONSES &&
+        kvr_body_strdup(body, KVR_FIELD_PREVIOUS_RESPONSE_ID, &pin, &pin_len) < 0)
+        oom = 1;
+    if (pin && !pin_len) { /* "" pins nothing (routing/keys.h) */
+        free(pin);
+        pin = NULL;
+    }
+    if (p)
+        p->pin = pin;
+    if (oom || !(p->model = strdup(route->name)) ||
+        (body && kvr_body_strdup(body, KVR_FIELD_MODEL, &p->client_model, NULL) < 0) ||
+        kvr_request_keys_build_fields(app, route, body, ep, r, &p->keys) < 0) {
         if (p)
             preq_free(p);
         kvr_reply_error(app, r, NULL, 503, "out of memory", NULL, NULL, NULL, 0);
@@ -969,7 +977,7 @@ static preq *preq_new(kvr_app *app, kvr_http_req *r, kvr_endpoint ep, kvr_route 
 
 /* Rate limits, then routing (once the prompt's token ids are known, when the policy needs
  * them). */
-static void preq_start(preq *p, const json_t *body)
+static void preq_start(preq *p, const kvr_body_fields *body)
 {
     kvr_app *app = p->app;
     if (over_rate_limit(p, body))
@@ -984,7 +992,7 @@ static void preq_start(preq *p, const json_t *body)
 }
 
 void kvr_proxy_forward(kvr_app *app, kvr_http_req *r, kvr_endpoint ep, kvr_route *route,
-                       const json_t *body)
+                       const kvr_body_fields *body)
 {
     preq *p = preq_new(app, r, ep, route, body);
     if (p)
@@ -1175,19 +1183,19 @@ void kvr_proxy_stop(kvr_app *app)
 
 /* What a request may cost before it runs: ~4 bytes of body per prompt token, plus the
  * completion it asks for at most. Settled against its usage when it ends. */
-static uint64_t token_estimate(const preq *p, const json_t *body)
+static uint64_t token_estimate(const preq *p, const kvr_body_fields *body)
 {
     size_t len;
     kvr_http_req_body(p->req, &len);
-    json_int_t mt = json_integer_value(json_object_get(body, "max_completion_tokens"));
+    long long mt = body ? kvr_body_integer(body, KVR_FIELD_MAX_COMPLETION_TOKENS) : 0;
     if (mt <= 0)
-        mt = json_integer_value(json_object_get(body, "max_tokens"));
+        mt = body ? kvr_body_integer(body, KVR_FIELD_MAX_TOKENS) : 0;
     return len / 4 + (mt > 0 ? (uint64_t)mt : 0);
 }
 
 /* Per-key limits: a refused request gets 429 with Retry-After and the x-ratelimit-* headers.
  * Returns 1 when it was answered. */
-static int over_rate_limit(preq *p, const json_t *body)
+static int over_rate_limit(preq *p, const kvr_body_fields *body)
 {
     kvr_app *app = p->app;
     p->rl_tokens = token_estimate(p, body);
