@@ -531,6 +531,72 @@ int kvr_json_span_member(const char *buf, const kvr_json_span *obj, const char *
     return 1;
 }
 
+/* The end of the value at p in text already validated: strings skipped in bulk, containers
+ * by depth. */
+static const unsigned char *skip_valid(const unsigned char *p, const unsigned char *end)
+{
+    size_t depth = 0;
+    do {
+        unsigned char c = *p;
+        if (c == '"') {
+            p++;
+            for (;;) {
+                p = skip_plain(p, end);
+                if (p >= end || *p == '"')
+                    break;
+                p += *p == '\\' ? 2 : 1; /* an escape (never ends the string), or UTF-8 */
+            }
+            p++;
+        } else if (c == '{' || c == '[') {
+            depth++;
+            p++;
+        } else if (c == '}' || c == ']') {
+            depth--;
+            p++;
+        } else if (c == ',' || c == ':' || c == ' ' || c == '\t' || c == '\n' || c == '\r') {
+            p++;
+        } else { /* a number or a literal */
+            while (p < end && *p != ',' && *p != '}' && *p != ']' && *p != ' ' && *p != '\t' &&
+                   *p != '\n' && *p != '\r')
+                p++;
+        }
+    } while (depth && p < end);
+    return p;
+}
+
+int kvr_json_span_first(const char *buf, const kvr_json_span *arr, kvr_json_span *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (arr->kind != KVR_JSON_ARRAY)
+        return 0;
+    const unsigned char *b = (const unsigned char *)buf, *end = b + arr->off + arr->len;
+    const unsigned char *p = ws(b + arr->off + 1, end);
+    if (p >= end || *p == ']')
+        return 0;
+    const unsigned char *e = skip_valid(p, end);
+    out->off = (size_t)(p - b);
+    out->len = (size_t)(e - p);
+    switch (*p) {
+    case '{': out->kind = KVR_JSON_OBJECT; break;
+    case '[': out->kind = KVR_JSON_ARRAY; break;
+    case 't': out->kind = KVR_JSON_TRUE; break;
+    case 'f': out->kind = KVR_JSON_FALSE; break;
+    case 'n': out->kind = KVR_JSON_NULL; break;
+    case '"':
+        out->kind = KVR_JSON_STRING;
+        out->escaped = memchr(p, '\\', out->len) != NULL;
+        break;
+    default: {
+        long long ival = 0;
+        kvr_json_kind k = KVR_JSON_REAL;
+        number(p, e, &k, &ival);
+        out->kind = k;
+        out->ival = ival;
+    }
+    }
+    return 1;
+}
+
 size_t kvr_json_span_string(const char *buf, const kvr_json_span *s, char *out, size_t cap)
 {
     if (s->kind != KVR_JSON_STRING || s->len < 2)

@@ -73,6 +73,12 @@ int kvr_json_scan(const char *buf, size_t len, const char *const *names, size_t 
 int kvr_json_span_member(const char *buf, const kvr_json_span *obj, const char *name,
                          kvr_json_span *out);
 
+/** The first element of the array `arr` (a span located by kvr_json_scan() in `buf`) into
+ *  `*out` (kind, offsets from the start of `buf`, an integer's value, a string's `escaped`;
+ *  no array summary). Returns 1, or 0 when `arr` is no array or is empty (`*out` then
+ *  KVR_JSON_ABSENT). */
+int kvr_json_span_first(const char *buf, const kvr_json_span *arr, kvr_json_span *out);
+
 /** Decodes the string `s` (a KVR_JSON_STRING span of `buf`) into `out`, writing at most `cap`
  *  bytes (no NUL added). Returns the decoded length in bytes, which may exceed `cap` (then
  *  call again with a larger buffer); 0 when `s` is not a string. Decoded strings never hold a

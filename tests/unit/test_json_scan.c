@@ -222,6 +222,30 @@ static void test_spans(void **state)
     assert_int_equal(v[5].kind, KVR_JSON_TRUE);
     assert_int_equal(v[6].kind, KVR_JSON_ABSENT);
 
+    kvr_json_span el;
+    assert_int_equal(kvr_json_span_first(b, &v[1], &el), 1);
+    assert_int_equal(el.kind, KVR_JSON_OBJECT);
+    assert_memory_equal(b + el.off, "{\"role\":1,\"role\":\"s\"}", el.len);
+    assert_int_equal(kvr_json_span_first(b, &v[0], &el), 0);
+    const char *fa = "{\"a\":[ \"x\\\"]\" ,1],\"b\":[],\"c\":[-12e1 ],\"d\":[[1,[2]],3],\"e\":[7]}";
+    const char *fn[] = {"a", "b", "c", "d", "e"};
+    kvr_json_span fv[5];
+    assert_int_equal(kvr_json_scan(fa, strlen(fa), fn, 5, fv), KVR_JSON_OBJECT);
+    assert_int_equal(kvr_json_span_first(fa, &fv[0], &el), 1);
+    assert_int_equal(el.kind, KVR_JSON_STRING);
+    assert_true(el.escaped);
+    assert_memory_equal(fa + el.off, "\"x\\\"]\"", el.len);
+    assert_int_equal(kvr_json_span_first(fa, &fv[1], &el), 0);
+    assert_int_equal(kvr_json_span_first(fa, &fv[2], &el), 1);
+    assert_int_equal(el.kind, KVR_JSON_REAL);
+    assert_int_equal(el.len, 5);
+    assert_int_equal(kvr_json_span_first(fa, &fv[3], &el), 1);
+    assert_int_equal(el.kind, KVR_JSON_ARRAY);
+    assert_memory_equal(fa + el.off, "[1,[2]]", el.len);
+    assert_int_equal(kvr_json_span_first(fa, &fv[4], &el), 1);
+    assert_int_equal(el.kind, KVR_JSON_INTEGER);
+    assert_int_equal(el.ival, 7);
+
     const char *arr = "[{\"model\":\"x\"}]";
     assert_int_equal(kvr_json_scan(arr, strlen(arr), names, 1, v), KVR_JSON_ARRAY);
     assert_int_equal(v[0].kind, KVR_JSON_ABSENT);
