@@ -59,11 +59,11 @@ typedef struct kvr_json_span {
 /** Scans `len` bytes at `buf` (no NUL needed). `names` lists `n` distinct member names
  *  (decoded bytes, at most KVR_JSON_SCAN_NAME_MAX each; "mod\u0065l" in the text is "model");
  *  `out[i]` receives the value of the last top-level member named `names[i]`, or
- *  KVR_JSON_ABSENT (also when the top level is an array). `n` may be 0 (validation only).
- *  Returns KVR_JSON_OBJECT or KVR_JSON_ARRAY (the top level) when the buffer is one JSON text
- *  kvr_json_read() accepts; else -1 (then `out` is unspecified: call kvr_json_read() for the
- *  error's wording and position). Never allocates; stack use is bounded (~300 bytes of
- *  nesting state). */
+ *  KVR_JSON_ABSENT (also when the top level is an array). `n` may be 0 (validation only;
+ *  `names` and `out` may then be NULL). Returns KVR_JSON_OBJECT or KVR_JSON_ARRAY (the top
+ *  level) when the buffer is one JSON text kvr_json_read() accepts; else -1 (then `out` is
+ *  unspecified: call kvr_json_read() for the error's wording and position). Never
+ *  allocates; stack use is bounded (~300 bytes of nesting state). */
 int kvr_json_scan(const char *buf, size_t len, const char *const *names, size_t n,
                   kvr_json_span *out);
 
