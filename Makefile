@@ -21,7 +21,7 @@ BENCH_OBJS := $(BENCH_SRCS:%.c=$(BUILD)/obj/%.o)
 UNIT_BINS  := $(UNIT_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
 PROGS      := $(BUILD)/kvroute $(if $(SIM_SRCS),$(BUILD)/kvroute-sim) $(if $(BENCH_SRCS),$(BUILD)/kvroute-bench)
 
-.PHONY: all asan unit e2e e2e-curl test check clean demo deps fuzz fuzz-build chaos
+.PHONY: all asan unit e2e e2e-curl test check clean demo deps fuzz fuzz-build chaos bench-scan
 all: $(PROGS) $(UNIT_BINS)
 
 $(BUILD)/obj/%.o: %.c
@@ -124,6 +124,14 @@ ifneq ($(wildcard build-asan/kvroute),)
 else
 	@echo "chaos: no build-asan/ (make asan first): the ASan run is skipped"
 endif
+
+# Request-body reading micro-benchmark (issue 18): the scanner's bytes/s against the tree's on
+# 8 KB, 64 KB and a tau-bench body; figures in docs/performance.md. Never a test.
+$(BUILD)/bench-scan: tests/bench/bench_scan.c $(BUILD)/libkvr.a
+	$(CC) $(KVR_CFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+bench-scan: $(BUILD)/bench-scan
+	$(BUILD)/bench-scan data/tau-bench-airline-gpt4o/trajectories.jsonl
 
 deps:
 	bash scripts/install-deps.sh

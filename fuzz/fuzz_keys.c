@@ -14,7 +14,14 @@
  * bytes and a present header source wins as sent (or as its digest); the routing text cut at
  * a cap is a byte prefix of the full text and says it was cut; validation answers 0 or 400
  * with a message; the `model` span of an accepted object lies inside the buffer, holds one
- * JSON value, and replacing it keeps the body valid JSON (what proxy.c's attempt_body does). */
+ * JSON value, and replacing it keeps the body valid JSON (what proxy.c's attempt_body does).
+ *
+ * The scanner (util/json_scan.h, routing/fields.h: what the proxy reads without a tree) is
+ * checked against the tree: it accepts exactly what kvr_json_read accepts; every located
+ * member has the tree's kind and value (its span re-read with jansson equals the tree's
+ * value, a string decodes to the tree's bytes, an integer has its value, an array's summary
+ * counts what the tree holds); validation on the scan gives the same status, message and
+ * param for every endpoint; session key, previous_response_id and the token counts match. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -24,8 +31,10 @@
 #include <jansson.h>
 
 #include "api/validate.h"
+#include "routing/fields.h"
 #include "routing/keys.h"
 #include "util/json_read.h"
+#include "util/json_scan.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -188,11 +197,139 @@ static int jansson_skipped_nul(const char *buf, size_t len, const json_t *ref)
     return ok;
 }
 
+static kvr_json_kind kind_of(const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return KVR_JSON_OBJECT;
+    case JSON_ARRAY: return KVR_JSON_ARRAY;
+    case JSON_STRING: return KVR_JSON_STRING;
+    case JSON_INTEGER: return KVR_JSON_INTEGER;
+    case JSON_REAL: return KVR_JSON_REAL;
+    case JSON_TRUE: return KVR_JSON_TRUE;
+    case JSON_FALSE: return KVR_JSON_FALSE;
+    default: return KVR_JSON_NULL;
+    }
+}
+
+static int is_tok(const json_t *v)
+{
+    return json_is_integer(v) && json_integer_value(v) >= 0;
+}
+
+/* A located value against the tree's value `v` (NULL: absent). */
+static void check_span(const char *buf, size_t size, const kvr_json_span *s, const json_t *v)
+{
+    if (!v) {
+        if (s->kind != KVR_JSON_ABSENT || s->len)
+            __builtin_trap();
+        return;
+    }
+    if (s->kind != kind_of(v) || s->off > size || s->len == 0 || s->len > size - s->off)
+        __builtin_trap();
+    json_error_t e;
+    json_t *re = json_loadb(buf + s->off, s->len, JSON_DECODE_ANY, &e);
+    if (!re || !json_equal(re, v))
+        __builtin_trap();
+    json_decref(re);
+    if (json_is_string(v)) {
+        size_t n = json_string_length(v);
+        char *d = malloc(n + 1);
+        if (!d)
+            abort();
+        if (kvr_json_span_string(buf, s, d, n + 1) != n || memcmp(d, json_string_value(v), n))
+            __builtin_trap();
+        free(d);
+    }
+    if (s->ival != (json_is_integer(v) ? json_integer_value(v) : 0))
+        __builtin_trap();
+    if (!json_is_array(v)) {
+        if (s->count || s->nonstring || s->nontoken || s->nontokarr || s->first_norole)
+            __builtin_trap();
+        return;
+    }
+    size_t i, ns = 0, nt = 0, nta = 0, norole = json_array_size(v);
+    const json_t *el;
+    json_array_foreach(v, i, el) {
+        ns += !json_is_string(el);
+        nt += !is_tok(el);
+        size_t k;
+        const json_t *t;
+        int ta = json_is_array(el) && json_array_size(el) > 0;
+        json_array_foreach(el, k, t) ta = ta && is_tok(t);
+        nta += !ta;
+        if (norole == json_array_size(v) &&
+            !(json_is_object(el) && json_is_string(json_object_get(el, "role"))))
+            norole = i;
+    }
+    if (s->count != json_array_size(v) || s->nonstring != ns || s->nontoken != nt ||
+        s->nontokarr != nta || s->first_norole != norole)
+        __builtin_trap();
+}
+
+/* The scan (what the proxy reads) against the tree (`body`, NULL when kvr_json_read refused
+ * the input). */
+static void check_scan(const char *buf, size_t size, const json_t *body,
+                       const kvr_session_sources *src)
+{
+    static kvr_body_fields f;
+    int rc = kvr_body_fields_scan(&f, buf, size, src);
+    if ((rc == 0) != (body != NULL))
+        __builtin_trap(); /* same acceptance as kvr_json_read */
+    if (!body)
+        return;
+    if (f.object != json_is_object(body))
+        __builtin_trap();
+    for (size_t i = 0; i < f.n; i++)
+        check_span(buf, size, &f.v[i], json_object_get(body, f.names[i]));
+    for (int ep = 0; ep < KVR_EP_COUNT; ep++) {
+        char m1[300] = "", m2[300] = "";
+        const char *p1 = "unset", *p2 = "unset";
+        int s1 = kvr_api_validate(body, (kvr_endpoint)ep, m1, sizeof(m1), &p1);
+        int s2 = kvr_api_validate_fields(&f, (kvr_endpoint)ep, m2, sizeof(m2), &p2);
+        if (s1 != s2 || strcmp(m1, m2) != 0 || (p1 != p2 && (!p1 || !p2 || strcmp(p1, p2))))
+            __builtin_trap();
+    }
+    const hdrs sets[] = {{g_plain}, {g_conv}, {g_long}};
+    for (size_t h = 0; h < sizeof(sets) / sizeof(sets[0]); h++) {
+        kvr_buf a, b;
+        kvr_buf_init(&a, 0);
+        kvr_buf_init(&b, 0);
+        int ra = kvr_session_key_build(body, get_hdr, (void *)&sets[h], src, &a);
+        int rb = kvr_body_session_key(&f, get_hdr, (void *)&sets[h], src, &b);
+        if (ra != rb || a.len != b.len || (a.len && memcmp(a.data, b.data, a.len)))
+            __builtin_trap();
+        kvr_buf_free(&a);
+        kvr_buf_free(&b);
+    }
+    size_t plen = 0;
+    const char *prev = kvr_route_previous_response_id(body, &plen);
+    char *dup = NULL;
+    size_t dlen = 0;
+    int dr = kvr_body_strdup(&f, KVR_FIELD_PREVIOUS_RESPONSE_ID, &dup, &dlen);
+    if (dr < 0)
+        abort();
+    /* keys.h takes a non-empty string only; the scan gives any string */
+    if (prev && (!dup || dlen != plen || memcmp(dup, prev, plen)))
+        __builtin_trap();
+    if (!prev && dup && dlen)
+        __builtin_trap();
+    free(dup);
+    const json_t *mt = json_object_get(body, "max_tokens");
+    const json_t *mct = json_object_get(body, "max_completion_tokens");
+    if (kvr_body_integer(&f, KVR_FIELD_MAX_TOKENS) != json_integer_value(mt) ||
+        kvr_body_integer(&f, KVR_FIELD_MAX_COMPLETION_TOKENS) != json_integer_value(mct))
+        __builtin_trap();
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    static kvr_session_sources src;
+    static kvr_session_sources src, deep;
     if (!src.n) {
         kvr_session_sources_default(&src);
+        /* nested paths and a fixed field as a session source */
+        if (kvr_session_sources_parse(&deep, "body:a.b.c,body:session_params.session_id.x,"
+                                      "body:model,header:x-session-id", NULL, 0) < 0)
+            abort();
         memset(g_long_id, 's', sizeof(g_long_id) - 1);
     }
     const char *buf = (const char *)data;
@@ -205,6 +342,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             abort(); /* json_read.h: same acceptance and values as json_loadb(…, 0, …) */
     }
     json_decref(ref);
+    check_scan(buf, size, body, &src);
+    check_scan(buf, size, body, &deep);
     if (!body) {
         if (!e1.text[0] || e1.line < 1 || e1.column < 1 || e1.position < 0 ||
             (size_t)e1.position > size)

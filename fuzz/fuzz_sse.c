@@ -11,6 +11,11 @@
  * split across reads, so both feeds must give the same result: where the socket reads ended
  * must not change what was counted, nor the reply collected.
  *
+ * Mode 3 collects a chat reply (completion teaching), the path where token events are read in
+ * place without a tree (usage.h kvr_usage_tree_only). Every mode is also run with
+ * kvr_usage_tree_only set, every event through a jansson tree: the reference. Counts,
+ * response id and reply must be the same.
+ *
  * Not checked: that token counts are non-negative. usage.h reports the worker's numbers as
  * sent (a negative one included); the metrics layer refuses to decrement a counter
  * (kvr_metric_inc). */
@@ -31,7 +36,8 @@ static uint64_t hash(const uint8_t *p, size_t n)
     return h;
 }
 
-/* Feeds `n` bytes split at cuts[0..ncuts) (ascending), then finishes. Mode 2: Messages. */
+/* Feeds `n` bytes split at cuts[0..ncuts) (ascending), then finishes. Mode 2: Messages,
+ * mode 3: a chat reply collected. */
 static void scan(kvr_usage *u, int sse, size_t cap, int mode, const char *p, size_t n,
                  const size_t *cuts, size_t ncuts)
 {
@@ -41,6 +47,8 @@ static void scan(kvr_usage *u, int sse, size_t cap, int mode, const char *p, siz
         kvr_usage_messages(u);
         kvr_usage_want_reply(u, 4096);
     }
+    if (mode == 3)
+        kvr_usage_want_reply(u, cap == 16 ? 8 : 4096);
     size_t start = 0;
     for (size_t k = 0; k <= ncuts; k++) {
         size_t end = k < ncuts ? cuts[k] : n;
@@ -97,19 +105,26 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
 
     for (int sse = 0; sse <= 1; sse++) {
-        for (int mode = 0; mode <= 2; mode++) {
-            kvr_usage whole, split;
+        for (int mode = 0; mode <= 3; mode++) {
+            kvr_usage whole, split, ref;
             scan(&whole, sse, cap, mode, p, size, NULL, 0);
             scan(&split, sse, cap, mode, p, size, cuts, ncuts);
-            if (!same(&whole, &split))
+            kvr_usage_tree_only = 1;
+            scan(&ref, sse, cap, mode, p, size, cuts, ncuts);
+            kvr_usage_tree_only = 0;
+            if (!same(&whole, &split) || !same(&whole, &ref))
                 __builtin_trap();
-            json_t *rw = kvr_usage_reply(&whole, 0), *rs = kvr_usage_reply(&split, 0);
-            if ((rw == NULL) != (rs == NULL) || (rw && !json_equal(rw, rs)))
+            json_t *rw = kvr_usage_reply(&whole, 0), *rs = kvr_usage_reply(&split, 0),
+                   *rr = kvr_usage_reply(&ref, 0);
+            if ((rw == NULL) != (rs == NULL) || (rw && !json_equal(rw, rs)) ||
+                (rw == NULL) != (rr == NULL) || (rw && !json_equal(rw, rr)))
                 __builtin_trap();
             json_decref(rw);
             json_decref(rs);
+            json_decref(rr);
             kvr_usage_free(&whole);
             kvr_usage_free(&split);
+            kvr_usage_free(&ref);
         }
     }
     return 0;

@@ -3,6 +3,7 @@
 
 #include <ctype.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "api/auth.h"
@@ -10,6 +11,7 @@
 #include "api/validate.h"
 #include "app/reply.h"
 #include "proxy/proxy.h"
+#include "routing/fields.h"
 #include "util/json_read.h"
 
 typedef enum { R_MODELS, R_HEALTHZ, R_READYZ, R_METRICS } route;
@@ -52,19 +54,69 @@ static const char *endpoint_label(const char *path)
     return "other";
 }
 
-/* A proxied endpoint: parse and validate the body once, find the route its `model` names,
- * and hand the request to the proxy. */
-static void proxied(kvr_app *app, kvr_http_req *r, kvr_endpoint ep)
+/* The route a request's `model` names (NULL: it sent none), or NULL when no route serves it:
+ * the request was then answered (503 while discovery has found nothing yet, 400 without a
+ * model when several routes exist, 404 for an unknown model). */
+static kvr_route *route_for(kvr_app *app, kvr_http_req *r, const char *model)
 {
-    size_t blen;
-    const char *body = kvr_http_req_body(r, &blen);
+    kvr_route *route = model ? kvr_app_route(app, model)
+                       : app->routes->n == 1 ? app->routes->routes[0] : NULL;
+    char msg[300];
+    if (route)
+        return route;
+    if (app->discovering && app->routes->n == 0) {
+        /* Discovery has not succeeded yet: a temporary state, not an unknown model. */
+        char ra[24];
+        snprintf(ra, sizeof(ra), "%llu", (unsigned long long)app->cfg.retry_after_s);
+        kvr_http_header h = {"Retry-After", 11, ra, strlen(ra)};
+        kvr_reply_error(app, r, NULL, 503,
+                        "no model is known yet: no worker has answered /v1/models", NULL,
+                        "no_eligible_worker", &h, 1);
+    } else if (!model) {
+        snprintf(msg, sizeof(msg), "you must provide a model parameter: kvroute serves %zu "
+                 "models", app->routes->n);
+        kvr_reply_error(app, r, NULL, 400, msg, "model", "invalid_value", NULL, 0);
+    } else {
+        snprintf(msg, sizeof(msg), "The model '%.200s' does not exist or is not served here",
+                 model);
+        kvr_reply_error(app, r, NULL, 404, msg, "model", "model_not_found", NULL, 0);
+    }
+    return NULL;
+}
+
+static void invalid_json(kvr_app *app, kvr_http_req *r, const json_error_t *jerr)
+{
+    char msg[300];
+    snprintf(msg, sizeof(msg), "invalid JSON body: %s (line %d, column %d)", jerr->text,
+             jerr->line, jerr->column);
+    kvr_reply_error(app, r, NULL, 400, msg, NULL, "invalid_json", NULL, 0);
+}
+
+/* 1 when whichever route the request names builds its routing text from the body's tree
+ * (every route's policy reads the text, whatever the session: cache_aware, precise,
+ * pipeline, cost): the body is then read into the tree at once, instead of scanned first
+ * and read again. count_tokens builds no keys. */
+static int tree_needed(const kvr_app *app, kvr_endpoint ep)
+{
+    if (ep == KVR_EP_COUNT_TOKENS || app->routes->n == 0)
+        return 0;
+    for (size_t i = 0; i < app->routes->n; i++) {
+        const kvr_policy_ops *ops = app->routes->routes[i]->ops;
+        if (!ops->uses_keys || ops->text_without_session)
+            return 0;
+    }
+    return 1;
+}
+
+/* A proxied endpoint whose route will need the tree: read, validate, route, forward. */
+static void proxied_tree(kvr_app *app, kvr_http_req *r, kvr_endpoint ep, const char *body,
+                         size_t blen)
+{
     json_error_t jerr;
     json_t *j = kvr_json_read(body, blen, &jerr);
     char msg[300];
     if (!j) {
-        snprintf(msg, sizeof(msg), "invalid JSON body: %s (line %d, column %d)", jerr.text,
-                 jerr.line, jerr.column);
-        kvr_reply_error(app, r, NULL, 400, msg, NULL, "invalid_json", NULL, 0);
+        invalid_json(app, r, &jerr);
         return;
     }
     const char *param = NULL;
@@ -73,36 +125,54 @@ static void proxied(kvr_app *app, kvr_http_req *r, kvr_endpoint ep)
         kvr_reply_error(app, r, NULL, 400, msg, param, "invalid_value", NULL, 0);
         return;
     }
-    const char *model = json_string_value(json_object_get(j, "model"));
-    kvr_route *route = model ? kvr_app_route(app, model)
-                       : app->routes->n == 1 ? app->routes->routes[0] : NULL;
-    if (!route && app->discovering && app->routes->n == 0) {
-        /* Discovery has not succeeded yet: a temporary state, not an unknown model. */
-        char ra[24];
-        snprintf(ra, sizeof(ra), "%llu", (unsigned long long)app->cfg.retry_after_s);
-        kvr_http_header h = {"Retry-After", 11, ra, strlen(ra)};
-        json_decref(j);
-        kvr_reply_error(app, r, NULL, 503,
-                        "no model is known yet: no worker has answered /v1/models", NULL,
-                        "no_eligible_worker", &h, 1);
-        return;
+    kvr_route *route = route_for(app, r, json_string_value(json_object_get(j, "model")));
+    if (route) {
+        kvr_proxy_body b = {NULL, j};
+        kvr_proxy_forward(app, r, ep, route, &b);
     }
-    if (!route && !model) {
-        snprintf(msg, sizeof(msg), "you must provide a model parameter: kvroute serves %zu "
-                 "models", app->routes->n);
-        json_decref(j);
-        kvr_reply_error(app, r, NULL, 400, msg, "model", "invalid_value", NULL, 0);
-        return;
-    }
-    if (!route) {
-        snprintf(msg, sizeof(msg), "The model '%.200s' does not exist or is not served here",
-                 model);
-        json_decref(j);
-        kvr_reply_error(app, r, NULL, 404, msg, "model", "model_not_found", NULL, 0);
-        return;
-    }
-    kvr_proxy_forward(app, r, ep, route, j);
     json_decref(j);
+}
+
+/* A proxied endpoint: scan and validate the body once (no tree: routing/fields.h), find the
+ * route its `model` names, and hand the request to the proxy, which builds the tree only when
+ * the route's policy reads the routing text. */
+static void proxied(kvr_app *app, kvr_http_req *r, kvr_endpoint ep)
+{
+    size_t blen;
+    const char *body = kvr_http_req_body(r, &blen);
+    if (tree_needed(app, ep)) {
+        proxied_tree(app, r, ep, body, blen);
+        return;
+    }
+    kvr_body_fields f;
+    char msg[300];
+    if (kvr_body_fields_scan(&f, body, blen, &app->session_sources) < 0) {
+        /* Not JSON: the reader says why and where, in the wording clients have seen. */
+        json_error_t jerr;
+        json_t *j = kvr_json_read(body, blen, &jerr);
+        if (j) { /* cannot happen (same acceptance); answer as before if it ever does */
+            json_decref(j);
+            snprintf(jerr.text, sizeof(jerr.text), "invalid JSON");
+        }
+        invalid_json(app, r, &jerr);
+        return;
+    }
+    const char *param = NULL;
+    if (kvr_api_validate_fields(&f, ep, msg, sizeof(msg), &param)) {
+        kvr_reply_error(app, r, NULL, 400, msg, param, "invalid_value", NULL, 0);
+        return;
+    }
+    char *model = NULL;
+    if (kvr_body_strdup(&f, KVR_FIELD_MODEL, &model, NULL) < 0) {
+        kvr_reply_error(app, r, NULL, 503, "out of memory", NULL, NULL, NULL, 0);
+        return;
+    }
+    kvr_route *route = route_for(app, r, model);
+    free(model);
+    if (route) {
+        kvr_proxy_body b = {&f, NULL};
+        kvr_proxy_forward(app, r, ep, route, &b);
+    }
 }
 
 /* A stored response's id as workers make them (OpenAI's "resp_…"): URL-safe characters

@@ -6,6 +6,7 @@
 #include <jansson.h>
 #include <stddef.h>
 
+#include "routing/fields.h"
 #include "routing/keys.h"
 
 /** Returns 0 when `body` is acceptable for `ep`; else writes a message into `msg` (cap bytes),
@@ -24,5 +25,11 @@
  *  each a string, an array or an object. */
 int kvr_api_validate(const json_t *body, kvr_endpoint ep, char *msg, size_t cap,
                      const char **param);
+
+/** kvr_api_validate() on a scan of the body instead of its tree: for the same body, the same
+ *  status, message and `*param` (fuzz/fuzz_keys.c checks this), with no tree built. `f` is a
+ *  kvr_body_fields_scan() that returned 0. */
+int kvr_api_validate_fields(const kvr_body_fields *f, kvr_endpoint ep, char *msg, size_t cap,
+                            const char **param);
 
 #endif

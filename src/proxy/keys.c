@@ -6,6 +6,7 @@
 
 #include "events/kvevents.h"
 #include "routing/keys.h"
+#include "util/json_read.h"
 
 static const char *get_header(void *ctx, const char *name, size_t *len)
 {
@@ -31,6 +32,36 @@ int kvr_request_keys_build(kvr_app *app, const kvr_route *route, const json_t *b
         out->k.session = out->session.data;
         out->k.session_len = out->session.len;
     }
+    if (out->text.len) {
+        out->k.text = out->text.data;
+        out->k.text_len = out->text.len;
+    }
+    return rc < 0 ? -1 : 0;
+}
+
+int kvr_request_keys_build_fields(kvr_app *app, const kvr_route *route,
+                                  const kvr_body_fields *body, kvr_endpoint ep,
+                                  kvr_http_req *r, kvr_request_keys *out)
+{
+    memset(out, 0, sizeof(*out));
+    kvr_buf_init(&out->session, 0);
+    kvr_buf_init(&out->text, app->cfg.max_routing_text_bytes);
+    if (!route->ops->uses_keys || ep == KVR_EP_COUNT_TOKENS)
+        return 0; /* as kvr_request_keys_build() */
+    int rc = kvr_body_session_key(body, get_header, r, &app->session_sources, &out->session);
+    if (out->session.len) {
+        out->k.session = out->session.data;
+        out->k.session_len = out->session.len;
+    }
+    if (rc < 0)
+        return -1;
+    if (!body || !body->object || (route->ops->text_without_session && out->session.len))
+        return 0;
+    json_t *tree = kvr_json_read(body->buf, body->len, NULL);
+    if (!tree)
+        return -1; /* the scan accepted it: only memory can fail here */
+    rc = kvr_route_text_build(tree, (kvr_route_kind)ep, &out->text);
+    json_decref(tree);
     if (out->text.len) {
         out->k.text = out->text.data;
         out->k.text_len = out->text.len;

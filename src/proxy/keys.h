@@ -7,6 +7,7 @@
 
 #include "app/app.h"
 #include "proxy/tokenize.h"
+#include "routing/fields.h"
 #include "routing/keys.h"
 #include "util/buf.h"
 
@@ -27,6 +28,16 @@ int kvr_request_keys_set_tokens(kvr_request_keys *rk, const uint32_t *ids, size_
  *  memory ran out. count_tokens requests have none (they must teach nothing). */
 int kvr_request_keys_build(kvr_app *app, const kvr_route *route, const json_t *body,
                            kvr_endpoint ep, kvr_http_req *r, kvr_request_keys *out);
+/** kvr_request_keys_build() from a scan of the body (routing/fields.h; NULL: a request
+ *  without one, whose keys then come from the headers only): the same keys for the same
+ *  body, without a tree unless the policy reads the routing text. The text is built (the
+ *  body read into a jansson tree once, routing/keys.h) when `route`'s policy uses keys,
+ *  except for a policy that reads the text only without a session key
+ *  (kvr_policy_ops.text_without_session: the hash policies) when the request has one.
+ *  Returns 0, or -1 when memory ran out. */
+int kvr_request_keys_build_fields(kvr_app *app, const kvr_route *route,
+                                  const kvr_body_fields *body, kvr_endpoint ep,
+                                  kvr_http_req *r, kvr_request_keys *out);
 /** Asks for the prompt's token ids of request `r` (a validated `ep` request for `route`,
  *  whose keys `rk` are built), the way the precise policy needs them (proxy/tokenize.h): the
  *  route's least loaded eligible worker tokenizes, with its target's model name; the routing

@@ -864,7 +864,7 @@ static void begin(preq *p);
 static int pick_with_room(preq *p, int process);
 static int pick_fixed(preq *p, int process);
 static void enqueue(preq *p);
-static int over_rate_limit(preq *p, const json_t *body);
+static int over_rate_limit(preq *p, const kvr_proxy_body *body);
 
 static void route_now(preq *p);
 
@@ -925,9 +925,29 @@ static const char *client_traceparent(kvr_http_req *r)
     return v;
 }
 
-/* A request's state, before anything is sent. NULL when memory ran out (then answered). */
+/* The body's string field `which` (tree: member `name`), decoded, as a new string in *out
+ * (NULL when it is no string), length in *len. Returns 0, or -1 when memory ran out. */
+static int body_strdup(const kvr_proxy_body *body, kvr_field which, const char *name,
+                       char **out, size_t *len)
+{
+    *out = NULL;
+    *len = 0;
+    if (body && body->tree) {
+        const json_t *v = json_object_get(body->tree, name);
+        if (!json_is_string(v))
+            return 0;
+        *len = json_string_length(v);
+        return (*out = strndup(json_string_value(v), *len)) ? 0 : -1;
+    }
+    if (body && body->fields)
+        return kvr_body_strdup(body->fields, which, out, len) < 0 ? -1 : 0;
+    return 0;
+}
+
+/* A request's state, before anything is sent. NULL when memory ran out (then answered).
+ * `body` is NULL for a stored-response request. */
 static preq *preq_new(kvr_app *app, kvr_http_req *r, kvr_endpoint ep, kvr_route *route,
-                      const json_t *body)
+                      const kvr_proxy_body *body)
 {
     preq *p = calloc(1, sizeof(*p));
     if (p) {
@@ -936,14 +956,25 @@ static preq *preq_new(kvr_app *app, kvr_http_req *r, kvr_endpoint ep, kvr_route 
         kvr_buf_init(&p->body_rw, 0);
         kvr_buf_init(&p->held, SSE_HOLD_CAP);
     }
-    size_t pin_len = 0;
-    const char *pin = ep == KVR_EP_RESPONSES ? kvr_route_previous_response_id(body, &pin_len)
-                                              : NULL;
-    const char *model = json_string_value(json_object_get(body, "model"));
-    if (!p || !(p->model = strdup(route->name)) ||
-        (model && !(p->client_model = strdup(model))) ||
-        (pin && !(p->pin = strndup(pin, pin_len))) ||
-        kvr_request_keys_build(app, route, body, ep, r, &p->keys) < 0) {
+    size_t pin_len = 0, model_len;
+    char *pin = NULL;
+    int oom = !p;
+    if (!oom && ep == KVR_EP_RESPONSES &&
+        body_strdup(body, KVR_FIELD_PREVIOUS_RESPONSE_ID, "previous_response_id", &pin,
+                    &pin_len) < 0)
+        oom = 1;
+    if (pin && !pin_len) { /* "" pins nothing (routing/keys.h) */
+        free(pin);
+        pin = NULL;
+    }
+    if (p)
+        p->pin = pin;
+    if (oom || !(p->model = strdup(route->name)) ||
+        body_strdup(body, KVR_FIELD_MODEL, "model", &p->client_model, &model_len) < 0 ||
+        (body && body->tree
+             ? kvr_request_keys_build(app, route, body->tree, ep, r, &p->keys)
+             : kvr_request_keys_build_fields(app, route, body ? body->fields : NULL, ep, r,
+                                             &p->keys)) < 0) {
         if (p)
             preq_free(p);
         kvr_reply_error(app, r, NULL, 503, "out of memory", NULL, NULL, NULL, 0);
@@ -969,7 +1000,7 @@ static preq *preq_new(kvr_app *app, kvr_http_req *r, kvr_endpoint ep, kvr_route 
 
 /* Rate limits, then routing (once the prompt's token ids are known, when the policy needs
  * them). */
-static void preq_start(preq *p, const json_t *body)
+static void preq_start(preq *p, const kvr_proxy_body *body)
 {
     kvr_app *app = p->app;
     if (over_rate_limit(p, body))
@@ -984,7 +1015,7 @@ static void preq_start(preq *p, const json_t *body)
 }
 
 void kvr_proxy_forward(kvr_app *app, kvr_http_req *r, kvr_endpoint ep, kvr_route *route,
-                       const json_t *body)
+                       const kvr_proxy_body *body)
 {
     preq *p = preq_new(app, r, ep, route, body);
     if (p)
@@ -1175,19 +1206,26 @@ void kvr_proxy_stop(kvr_app *app)
 
 /* What a request may cost before it runs: ~4 bytes of body per prompt token, plus the
  * completion it asks for at most. Settled against its usage when it ends. */
-static uint64_t token_estimate(const preq *p, const json_t *body)
+static long long body_integer(const kvr_proxy_body *body, kvr_field which, const char *name)
+{
+    if (body && body->tree)
+        return json_integer_value(json_object_get(body->tree, name));
+    return body && body->fields ? kvr_body_integer(body->fields, which) : 0;
+}
+
+static uint64_t token_estimate(const preq *p, const kvr_proxy_body *body)
 {
     size_t len;
     kvr_http_req_body(p->req, &len);
-    json_int_t mt = json_integer_value(json_object_get(body, "max_completion_tokens"));
+    long long mt = body_integer(body, KVR_FIELD_MAX_COMPLETION_TOKENS, "max_completion_tokens");
     if (mt <= 0)
-        mt = json_integer_value(json_object_get(body, "max_tokens"));
+        mt = body_integer(body, KVR_FIELD_MAX_TOKENS, "max_tokens");
     return len / 4 + (mt > 0 ? (uint64_t)mt : 0);
 }
 
 /* Per-key limits: a refused request gets 429 with Retry-After and the x-ratelimit-* headers.
  * Returns 1 when it was answered. */
-static int over_rate_limit(preq *p, const json_t *body)
+static int over_rate_limit(preq *p, const kvr_proxy_body *body)
 {
     kvr_app *app = p->app;
     p->rl_tokens = token_estimate(p, body);

@@ -5,17 +5,27 @@
 #include <jansson.h>
 
 #include "app/app.h"
+#include "routing/fields.h"
 #include "routing/keys.h"
 
-/** Takes ownership of `r` (a POST to endpoint `ep`, its JSON body parsed and validated as
- *  `body`, borrowed for the call) and answers it through `route` (borrowed; the request takes
- *  its own reference): 503 + Retry-After when no target is eligible, 502 when the worker gave
- *  no response, or the worker's response relayed as it streams. The body goes out unchanged
- *  unless the chosen target's upstream model name differs from the client's `model` (then
- *  only that value is rewritten; Content-Length follows the new length; a body without
- *  `model`, as tokenize allows, goes unchanged). */
+/** A proxied request's body as api read it: the scan of routing/fields.h, or, when api knew
+ *  that the route's policy reads the routing text (which needs the tree anyway), the tree
+ *  (kvr_json_read) instead, so the body is not read twice. One of the two is set. */
+typedef struct kvr_proxy_body {
+    const kvr_body_fields *fields; /**< the scan, or NULL */
+    const json_t *tree;            /**< the tree, or NULL */
+} kvr_proxy_body;
+
+/** Takes ownership of `r` (a POST to endpoint `ep`, its JSON body validated and read as
+ *  `body`, borrowed for the call; with a scan, the tree of the routing text is built here
+ *  only when the route's policy reads it) and answers it through `route` (borrowed; the
+ *  request takes its own reference): 503 + Retry-After when no target is eligible, 502 when
+ *  the worker gave no response, or the worker's response relayed as it streams. The body goes
+ *  out unchanged unless the chosen target's upstream model name differs from the client's
+ *  `model` (then only that value is rewritten; Content-Length follows the new length; a body
+ *  without `model`, as tokenize allows, goes unchanged). */
 void kvr_proxy_forward(kvr_app *app, kvr_http_req *r, kvr_endpoint ep, kvr_route *route,
-                       const json_t *body);
+                       const kvr_proxy_body *body);
 
 /** Takes ownership of `r`, a request about a stored response (GET/DELETE
  *  /v1/responses/{id}, POST …/cancel, GET …/input_items), and answers it through `route`

@@ -7,6 +7,7 @@
 
 #include "routing/keys.h"
 #include "util/json_read.h"
+#include "util/json_scan.h"
 
 /* Chat and completions write usage.prompt_tokens(_details); the Responses API writes
  * usage.input_tokens(_details), inside `response` for its streamed response.completed event. */
@@ -315,6 +316,78 @@ void kvr_usage_init(kvr_usage *u, int sse, size_t cap, int want_id)
     u->overflow = cap == 0;
 }
 
+int kvr_usage_tree_only;
+
+/* The decoded string `s` of `json` for the reply, without allocating: *p and *n point into
+ * `json` when it has no escapes, else into `tmp` (cap bytes). Returns 0, or -1 when the
+ * decoded string does not fit `tmp`. */
+static int span_text(const char *json, const kvr_json_span *s, char *tmp, size_t cap,
+                     const char **p, size_t *n)
+{
+    if (!s->escaped) {
+        *p = json + s->off + 1;
+        *n = s->len - 2;
+        return 0;
+    }
+    *n = kvr_json_span_string(json, s, tmp, cap);
+    *p = tmp;
+    return *n <= cap ? 0 : -1;
+}
+
+/* A chat or completions SSE event read in place, with no tree and no allocation: the token
+ * chunks that make up a stream ({"choices":[{"delta":{"content":"…"},"finish_reason":…}]}
+ * or a completion's {"choices":[{"text":"…"}]}) with no usage object, no Responses API
+ * fields and no tool-call fragments. Returns 1 when the event was read with exactly the
+ * effect take() gives it, 0 when take() must read it (nothing changed then). */
+static int take_in_place(kvr_usage *u, const char *json, size_t len)
+{
+    static const char *const top[] = {"choices", "usage", "response", "object", "type"};
+    static const char *const choice[] = {"message", "delta", "text", "finish_reason"};
+    static const char *const delta[] = {"content", "tool_calls"};
+    kvr_json_span v[5], c0, w[4], d[2];
+    if (kvr_usage_tree_only || u->messages)
+        return 0;
+    int rc = kvr_json_scan(json, len, top, 5, v);
+    if (rc < 0)
+        return 1; /* not JSON: take() reads nothing from it either */
+    if (rc != KVR_JSON_OBJECT || v[1].kind == KVR_JSON_OBJECT || v[2].kind != KVR_JSON_ABSENT ||
+        v[4].kind != KVR_JSON_ABSENT ||
+        (v[3].kind == KVR_JSON_STRING &&
+         (v[3].escaped || (v[3].len == 10 && !memcmp(json + v[3].off, "\"response\"", 10)))))
+        return 0; /* usage, a response object or id, an event type: take() */
+    if (!u->reply_cap || u->reply_over)
+        return 1;
+    if (!kvr_json_span_first(json, &v[0], &c0) || c0.kind != KVR_JSON_OBJECT)
+        return 1; /* no first choice object: nothing for the reply */
+    kvr_json_scan(json + c0.off, c0.len, choice, 4, w);
+    if (w[0].kind != KVR_JSON_ABSENT)
+        return 0; /* a whole message */
+    const kvr_json_span *text = NULL;
+    size_t base = c0.off;
+    if (w[1].kind != KVR_JSON_ABSENT) {
+        if (w[1].kind == KVR_JSON_OBJECT) {
+            kvr_json_scan(json + c0.off + w[1].off, w[1].len, delta, 2, d);
+            if (d[1].kind == KVR_JSON_ARRAY && d[1].count)
+                return 0; /* tool-call fragments */
+            text = &d[0];
+            base = c0.off + w[1].off;
+        }
+    } else {
+        text = &w[2];
+    }
+    char tmp[1024];
+    const char *p = NULL;
+    size_t n = 0;
+    if (text && text->kind == KVR_JSON_STRING &&
+        span_text(json + base, text, tmp, sizeof(tmp), &p, &n) < 0)
+        return 0; /* a long escaped text: take() */
+    if (p)
+        reply_bytes(u, p, n);
+    if (w[3].kind == KVR_JSON_STRING)
+        u->reply_done = 1;
+    return 1;
+}
+
 /* True when the line holds `"<name>"` followed by a colon and an object, whatever the spacing
  * (vLLM writes compact JSON, Python's json.dumps does not). A cheap filter: only such lines
  * are parsed, not every token chunk. */
@@ -339,7 +412,8 @@ static void sse_line(kvr_usage *u, const char *line, size_t len)
         return;
     if ((u->reply_cap && !u->reply_over) || has_object_field(line, len, "\"usage\"") ||
         (u->want_id && !u->response_id && has_object_field(line, len, "\"response\"")))
-        take(u, line + 5, len - 5);
+        if (!take_in_place(u, line + 5, len - 5))
+            take(u, line + 5, len - 5);
 }
 
 void kvr_usage_feed(kvr_usage *u, const char *data, size_t len)
@@ -354,7 +428,9 @@ void kvr_usage_feed(kvr_usage *u, const char *data, size_t len)
     while (len) {
         const char *nl = memchr(data, '\n', len);
         size_t n = nl ? (size_t)(nl - data) : len;
-        if (u->skip_line || kvr_buf_append(&u->buf, data, n) < 0) {
+        if (nl && !u->skip_line && !u->buf.len && (!u->buf.cap || n <= u->buf.cap)) {
+            sse_line(u, data, n); /* a whole line in this read: read where it lies */
+        } else if (u->skip_line || kvr_buf_append(&u->buf, data, n) < 0) {
             /* A line longer than the cap cannot be parsed; skip to its end, which may come in
              * a later read: until then the bytes are still that line's, not a new line (its
              * tail could start with "data:"). */

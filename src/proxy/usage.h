@@ -40,6 +40,13 @@ typedef struct kvr_usage {
     long long msg_input, msg_cache_read, msg_cache_creation; /**< Messages: latest values */
 } kvr_usage;
 
+/** Tests only (fuzz/fuzz_sse.c): nonzero makes every event go through a jansson tree, the
+ *  reference the in-place reading of token events is checked against. 0 by default: a chat
+ *  or completions token event (no usage, tool calls or Responses fields) is read where it
+ *  lies in the relayed bytes, without a tree or an allocation; a line wholly inside one read
+ *  is not copied. */
+extern int kvr_usage_tree_only;
+
 /** Starts a scan; `cap` bytes bound the memory kept (0 disables scanning); `want_id` also
  *  captures the response id of a Responses API answer (routing/keys.h
  *  kvr_route_response_id()). */

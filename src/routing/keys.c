@@ -130,7 +130,7 @@ static const json_t *body_path(const json_t *body, const char *path)
     return v;
 }
 
-static int put_session(kvr_buf *out, const char *p, size_t n)
+int kvr_session_key_append(kvr_buf *out, const char *p, size_t n)
 {
     if (n > KVR_SESSION_KEY_MAX) {
         char hx[33];
@@ -155,7 +155,7 @@ int kvr_session_key_build(const json_t *body, kvr_header_get_fn get, void *ctx,
             const char *v = get ? get(ctx, s->name, &n) : NULL;
             if (!v || !n)
                 continue;
-            return put_session(out, v, n) < 0 ? -1 : 1;
+            return kvr_session_key_append(out, v, n) < 0 ? -1 : 1;
         }
         const json_t *v = body_path(body, s->name);
         if (!v || json_is_null(v))
@@ -163,12 +163,14 @@ int kvr_session_key_build(const json_t *body, kvr_header_get_fn get, void *ctx,
         if (json_is_string(v)) {
             if (!json_string_length(v))
                 continue;
-            return put_session(out, json_string_value(v), json_string_length(v)) < 0 ? -1 : 1;
+            return kvr_session_key_append(out, json_string_value(v), json_string_length(v)) < 0
+                       ? -1
+                       : 1;
         }
         char *txt = json_dumps(v, CANON);
         if (!txt)
             return -1;
-        int rc = put_session(out, txt, strlen(txt));
+        int rc = kvr_session_key_append(out, txt, strlen(txt));
         free(txt);
         return rc < 0 ? -1 : 1;
     }

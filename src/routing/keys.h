@@ -159,6 +159,11 @@ int kvr_session_sources_parse(kvr_session_sources *out, const char *spec, char *
  *  used as sent (no percent-decoding, no trimming) and must stay valid during the call. */
 typedef const char *(*kvr_header_get_fn)(void *ctx, const char *name, size_t *len);
 
+/** Appends the session key value `p` (`n` bytes) to `out`: as it is, or as its 32-hex-digit
+ *  digest when longer than KVR_SESSION_KEY_MAX. Returns 0, or -1 (cap or memory; `out`
+ *  unchanged). */
+int kvr_session_key_append(kvr_buf *out, const char *p, size_t n);
+
 /** Appends the session key to `out` (normally empty): the first source present in `src` with
  *  a non-empty value. Header values are used as sent. A body value that is a string counts by
  *  its decoded bytes; null counts as absent; any other JSON value counts by its canonical JSON

@@ -137,6 +137,11 @@ typedef struct kvr_policy_ops {
     void (*destroy)(void *self);
     /** 1 when pick() reads the routing keys; 0 lets the proxy skip building them. */
     int uses_keys;
+    /** 1 when pick() reads the routing text only for requests without a session key (the
+     *  hash policies hash the session key when there is one, and learn nothing): the proxy
+     *  then skips building the text, and reading the body into a tree, for requests that
+     *  have one. 0: the text is built whenever uses_keys is set. */
+    int text_without_session;
     /** Optional. Runs the decision exactly as pick() does (learning nothing) and fills one
      *  row per eligible worker (`rows`, n entries, caller-allocated) and `out`. Returns 0, or
      *  -1 when n is 0 or memory ran out. Without it the route fills rows with loads only. */

@@ -195,6 +195,7 @@ const kvr_policy_ops kvr_policy_consistent_hash = {
     .forget_worker = ch_forget,
     .destroy = ch_destroy,
     .uses_keys = 1,
+    .text_without_session = 1,
     .explain = ch_explain,
     .stats = ch_stats,
     .retune = ch_retune,

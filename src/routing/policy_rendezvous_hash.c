@@ -141,6 +141,7 @@ const kvr_policy_ops kvr_policy_rendezvous_hash = {
     .forget_worker = NULL,
     .destroy = rv_destroy,
     .uses_keys = 1,
+    .text_without_session = 1,
     .explain = rv_explain,
     .stats = rv_stats,
     .retune = rv_retune,

@@ -1,5 +1,6 @@
 /* Strict JSON → jansson values; strings scanned 8 bytes at a time. See jsonread.h. */
 #include "util/json_read.h"
+#include "util/json_lex.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -49,37 +50,6 @@ static int reserve(rd *r, size_t n)
     return 0;
 }
 
-/* Length of the valid UTF-8 sequence at p (2-4 bytes), or 0 (jansson's utf8_check_full). */
-static size_t utf8_seq(const unsigned char *p, const unsigned char *end)
-{
-    unsigned char u = p[0];
-    size_t n;
-    uint32_t v;
-    if (u >= 0xC2 && u <= 0xDF) {
-        n = 2;
-        v = u & 0x1F;
-    } else if (u >= 0xE0 && u <= 0xEF) {
-        n = 3;
-        v = u & 0x0F;
-    } else if (u >= 0xF0 && u <= 0xF4) {
-        n = 4;
-        v = u & 0x07;
-    } else {
-        return 0;
-    }
-    if ((size_t)(end - p) < n)
-        return 0;
-    for (size_t i = 1; i < n; i++) {
-        if ((p[i] & 0xC0) != 0x80)
-            return 0;
-        v = (v << 6) | (p[i] & 0x3F);
-    }
-    if ((n == 3 && (v < 0x800 || (v >= 0xD800 && v <= 0xDFFF))) ||
-        (n == 4 && (v < 0x10000 || v > 0x10FFFF)))
-        return 0;
-    return n;
-}
-
 /* Nonzero when one of the 8 bytes is '"', '\\', < 0x20 or >= 0x80 (no false negatives). */
 static inline uint64_t special8(uint64_t v)
 {
@@ -89,49 +59,6 @@ static inline uint64_t special8(uint64_t v)
     q = (q - ones) & ~q;
     b = (b - ones) & ~b;
     return (v | ctl | q | b) & high;
-}
-
-static int hex4(const unsigned char *p, uint32_t *out)
-{
-    uint32_t v = 0;
-    for (int i = 0; i < 4; i++) {
-        unsigned char c = p[i];
-        v <<= 4;
-        if (c >= '0' && c <= '9')
-            v |= (uint32_t)(c - '0');
-        else if (c >= 'a' && c <= 'f')
-            v |= (uint32_t)(c - 'a' + 10);
-        else if (c >= 'A' && c <= 'F')
-            v |= (uint32_t)(c - 'A' + 10);
-        else
-            return -1;
-    }
-    *out = v;
-    return 0;
-}
-
-static size_t put_utf8(char *o, uint32_t cp)
-{
-    if (cp < 0x80) {
-        o[0] = (char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        o[0] = (char)(0xC0 | (cp >> 6));
-        o[1] = (char)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        o[0] = (char)(0xE0 | (cp >> 12));
-        o[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        o[2] = (char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    o[0] = (char)(0xF0 | (cp >> 18));
-    o[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    o[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-    o[3] = (char)(0x80 | (cp & 0x3F));
-    return 4;
 }
 
 /* Reads a string (r->p at the opening quote). Sets *s and *n to its decoded bytes, which point
@@ -178,7 +105,7 @@ static int string(rd *r, const char **s, size_t *n)
             continue;
         }
         if (c >= 0x80) {
-            size_t k = utf8_seq(p, end);
+            size_t k = json_utf8_seq(p, end);
             if (!k) {
                 r->p = p;
                 return fail(r, "invalid UTF-8 in string");
@@ -218,13 +145,13 @@ static int string(rd *r, const char **s, size_t *n)
             return fail(r, "invalid escape");
         }
         uint32_t cp, lo;
-        if (end - p < 4 || hex4(p, &cp) < 0) {
+        if (end - p < 4 || json_hex4(p, &cp) < 0) {
             r->p = p - 2;
             return fail(r, "invalid \\u escape");
         }
         p += 4;
         if (cp >= 0xD800 && cp <= 0xDBFF) {
-            if (end - p < 6 || p[0] != '\\' || p[1] != 'u' || hex4(p + 2, &lo) < 0 ||
+            if (end - p < 6 || p[0] != '\\' || p[1] != 'u' || json_hex4(p + 2, &lo) < 0 ||
                 lo < 0xDC00 || lo > 0xDFFF) {
                 r->p = p - 6;
                 return fail(r, "invalid Unicode surrogate");
@@ -238,7 +165,7 @@ static int string(rd *r, const char **s, size_t *n)
             r->p = p - 6;
             return fail(r, "\\u0000 is not allowed");
         }
-        o += put_utf8(o, cp);
+        o += json_put_utf8(o, cp);
     }
     r->p = end;
     return fail(r, "unterminated string");
@@ -566,7 +493,7 @@ static int key_equals(const char *k, size_t n, const char *key, size_t klen)
         if (c == '\\' && i + 1 < n) {
             char e = k[++i];
             uint32_t cp;
-            if (e == 'u' && i + 4 < n && hex4((const unsigned char *)k + i + 1, &cp) == 0) {
+            if (e == 'u' && i + 4 < n && json_hex4((const unsigned char *)k + i + 1, &cp) == 0) {
                 c = (int)cp;
                 i += 4;
             } else {

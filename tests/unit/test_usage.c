@@ -184,6 +184,68 @@ static void test_reply_chat_sse_any_split(void **state)
     }
 }
 
+/* Token events are read in place (no tree); the rest through the tree. Both give what the
+ * tree alone gives (kvr_usage_tree_only), for every read size, on events that take each way:
+ * text deltas with escapes, a completion's text, tool-call fragments, usage null and object,
+ * a long escaped delta, a whole message, not JSON. */
+static void test_reply_in_place_equals_tree(void **state)
+{
+    (void)state;
+    static const char *const streams[] = {
+        "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n"
+        "data: {\"choices\":[{\"delta\":{\"content\":\"a\\n\\\"b\\\" \\u00e9\"},"
+        "\"finish_reason\":null}],\"usage\":null}\n\n"
+        "data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":"
+        "{\"name\":\"f\",\"arguments\":\"{}\"}}]}}]}\n\n"
+        "data: {\"choices\":[{\"delta\":{\"content\":5,\"tool_calls\":[]},"
+        "\"finish_reason\":\"stop\"}]}\n\n"
+        "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":2}}\n\n"
+        "data: [DONE]\n\n",
+        "data: {\"choices\":[{\"text\":\"x\\ty\"},{\"text\":\"other\"}]}\n"
+        "data: {\"choices\":[{\"delta\":null,\"text\":\"no\"}]}\n"
+        "data: {\"object\":\"x\",\"choices\":[{\"message\":{\"content\":\"m\"}}]}\n",
+        "data: {\"choices\":[{\"delta\":{\"content\":\"\\n\\n\\n\\n\\n\\n\\n\\n\\n\\n\\n\\n\\n"
+        "\\n\\n\\n\\n\\n\\n\\n\\n\\n\\n\\n\\n\\n\\n\\n\\n\\n\\n\\n\\n\\n\\n"
+        "\\n\\n\\n\\n\\n\\n\\n\\n\\n\\n\\n\\n\\n\\n\\n\\n\\n\\n\\n\\n\\n\\n"
+        "\"}}],\"type\":\"t\"}\n"
+        "data: {\"choices\":[{\"delta\":{\"content\":\"end\"},\"finish_reason\":\"length\"}]}\n",
+    };
+    for (size_t i = 0; i < sizeof(streams) / sizeof(streams[0]); i++) {
+        size_t n = strlen(streams[i]);
+        for (size_t step = 0; step <= n; step += 5) {
+            kvr_usage u[2];
+            for (int t = 0; t < 2; t++) {
+                kvr_usage_tree_only = t;
+                kvr_usage_init(&u[t], 1, 1u << 20, 0);
+                kvr_usage_want_reply(&u[t], 1000);
+                for (size_t off = 0; off < n;) {
+                    size_t k = step && n - off > step ? step : n - off;
+                    kvr_usage_feed(&u[t], streams[i] + off, k);
+                    off += k;
+                }
+                kvr_usage_finish(&u[t]);
+            }
+            kvr_usage_tree_only = 0;
+            assert_int_equal(u[0].found, u[1].found);
+            assert_int_equal(u[0].prompt, u[1].prompt);
+            assert_int_equal(u[0].reply_done, u[1].reply_done);
+            assert_int_equal(u[0].reply_over, u[1].reply_over);
+            assert_int_equal(u[0].reply.len, u[1].reply.len);
+            if (u[0].reply.len)
+                assert_memory_equal(u[0].reply.data, u[1].reply.data, u[0].reply.len);
+            json_t *a = kvr_usage_reply(&u[0], 0), *b = kvr_usage_reply(&u[1], 0);
+            assert_true((a == NULL) == (b == NULL));
+            assert_true(!a || json_equal(a, b));
+            if (i == 0)
+                assert_non_null(a);
+            json_decref(a);
+            json_decref(b);
+            kvr_usage_free(&u[0]);
+            kvr_usage_free(&u[1]);
+        }
+    }
+}
+
 static void test_reply_json_forms_and_cap(void **state)
 {
     (void)state;
@@ -415,6 +477,7 @@ int main(void)
         cmocka_unit_test(test_fuzz_overlong_line_tail),
         cmocka_unit_test(test_reply_chat_sse_any_split),
         cmocka_unit_test(test_reply_json_forms_and_cap),
+        cmocka_unit_test(test_reply_in_place_equals_tree),
         cmocka_unit_test(test_messages_sse_usage_and_reply_any_split),
         cmocka_unit_test(test_messages_later_event_replaces),
         cmocka_unit_test(test_messages_json_reply_and_bad_streams),

@@ -1,0 +1,83 @@
+/* The request-body fields kvroute reads on every proxied request, located by one validating
+ * scan of the body (util/json_scan.h) instead of a jansson tree (issue 18): `model`, `stream`,
+ * `stream_options`, what validation checks (`messages`, `prompt`, `input`, ...), the rate
+ * limiter's `max_tokens` / `max_completion_tokens`, the Responses API's
+ * `previous_response_id`, and the top-level members the configured session-key body paths
+ * start with (`session_params` of session_params.session_id, `user`, ...).
+ *
+ * Every function here gives what the tree-based function of routing/keys.h gives for the same
+ * body (kvr_session_key_build(), kvr_route_previous_response_id(); json_integer_value() for
+ * the token counts); fuzz/fuzz_keys.c checks it. The routing text still needs the tree:
+ * kvr_json_read() the same bytes and call kvr_route_text_build() when a policy reads it. */
+#ifndef KVR_ROUTING_FIELDS_H
+#define KVR_ROUTING_FIELDS_H
+#include <stddef.h>
+
+#include "routing/keys.h"
+#include "util/buf.h"
+#include "util/json_scan.h"
+
+/** The fixed fields, in kvr_body_fields.v[] order. */
+typedef enum kvr_field {
+    KVR_FIELD_MODEL = 0,
+    KVR_FIELD_STREAM,
+    KVR_FIELD_STREAM_OPTIONS,
+    KVR_FIELD_MESSAGES,
+    KVR_FIELD_PROMPT,
+    KVR_FIELD_INPUT,
+    KVR_FIELD_TOKENS,
+    KVR_FIELD_SYSTEM,
+    KVR_FIELD_TOOLS,
+    KVR_FIELD_QUERY,
+    KVR_FIELD_DOCUMENTS,
+    KVR_FIELD_TEXT_1,
+    KVR_FIELD_TEXT_2,
+    KVR_FIELD_MAX_TOKENS,
+    KVR_FIELD_MAX_COMPLETION_TOKENS,
+    KVR_FIELD_PREVIOUS_RESPONSE_ID,
+    KVR_FIELD_COUNT /**< how many there are */
+} kvr_field;
+
+/** Most names one scan looks for: the fixed fields and one per session body source. */
+#define KVR_BODY_NAMES_MAX (KVR_FIELD_COUNT + KVR_SESSION_SOURCES_MAX)
+
+/** One body's scan (~4 KB; meant for the stack). Borrows the body bytes: valid while they
+ *  are. Fill with kvr_body_fields_scan(). */
+typedef struct kvr_body_fields {
+    const char *buf;    /**< the body (borrowed) */
+    size_t len;         /**< its bytes */
+    int object;         /**< 1 when its top level is an object (else an array) */
+    size_t n;           /**< names looked for: the KVR_FIELD_COUNT fixed ones first */
+    const char *names[KVR_BODY_NAMES_MAX];                         /**< their names */
+    char seg[KVR_SESSION_SOURCES_MAX][KVR_SESSION_SOURCE_NAME_MAX + 1]; /**< storage of the
+                                                      session paths' first segments */
+    kvr_json_span v[KVR_BODY_NAMES_MAX]; /**< the value of each top-level member named */
+} kvr_body_fields;
+
+/** Scans `len` bytes at `buf` for the fixed fields and the first segment of every body path
+ *  of `src` (NULL: KVR_SESSION_SOURCES_DEFAULT). Returns 0 when the body is valid JSON by
+ *  kvr_json_read()'s rules (util/json_scan.h), -1 when not (kvr_json_read() then gives the
+ *  error's wording). Never allocates. */
+int kvr_body_fields_scan(kvr_body_fields *f, const char *buf, size_t len,
+                         const kvr_session_sources *src);
+
+/** The span of fixed field `which` (kind KVR_JSON_ABSENT when the body has none). */
+const kvr_json_span *kvr_body_field(const kvr_body_fields *f, kvr_field which);
+
+/** The string value of field `which`, decoded, as a new NUL-terminated string in `*out`
+ *  (caller frees) with its length in `*len` (may be NULL). Returns 1, 0 when the field is no
+ *  string (`*out` NULL), -1 when memory ran out. */
+int kvr_body_strdup(const kvr_body_fields *f, kvr_field which, char **out, size_t *len);
+
+/** The value of field `which` when it is an integer, else 0 (as json_integer_value()). */
+long long kvr_body_integer(const kvr_body_fields *f, kvr_field which);
+
+/** kvr_session_key_build() from a scan: the same key for the same body, headers and
+ *  sources (`src` NULL: the default list; must be the list `f` was scanned with). `f` may be
+ *  NULL (headers only). Returns 1 when a key was appended to `out`, 0 when there is none, -1
+ *  when `out`'s cap was too small or memory ran out. A body value that is neither a string
+ *  nor null is read with jansson to give its canonical JSON text (rare). */
+int kvr_body_session_key(const kvr_body_fields *f, kvr_header_get_fn get, void *ctx,
+                         const kvr_session_sources *src, kvr_buf *out);
+
+#endif

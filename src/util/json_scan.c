@@ -1,0 +1,611 @@
+/* Validating JSON scanner: one pass, no tree, no allocation. See json_scan.h. */
+#include "util/json_scan.h"
+
+#include <limits.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#include "util/json_lex.h"
+
+/* The smallest magnitude strtod() rounds to infinity (round to nearest, ties to even):
+ * 2^1024 - 2^970, halfway between DBL_MAX and 2^1024, as a 309-digit integer. */
+static const char g_inf_digits[] =
+    "1797693134862315807937289714053034150799341327100378269361737789804449682927647509466490"
+    "1797758720709633028641669288791094655554785194040263065748867150582068190890200070838367"
+    "6273854845817711531764475730270069855571366959622842914819860834936475292719074168444365"
+    "510704342711559699508093042880177904174497792";
+#define INF_EXP10 309 /* g_inf_digits is 0.1797… × 10^309 */
+
+typedef struct scan {
+    const unsigned char *start;
+    const char *const *names;
+    size_t n;
+    kvr_json_span *out;
+    /* What request validation summarises (json_scan.h): */
+    kvr_json_span *cur;   /* the wanted top-level member being read, or NULL */
+    kvr_json_kind ekind;  /* kind of the current element of cur's array */
+    size_t sub_count;     /* that element's own elements, when it is an array */
+    size_t sub_nontoken;  /* ... of which not token ids */
+    kvr_json_kind role;   /* its last "role" member's kind, when it is an object */
+    int in_role;          /* the member being read in that object is "role" */
+    uint64_t is_array[KVR_JSON_MAX_DEPTH / 64]; /* per open container: 1 = array */
+} scan;
+
+static inline const unsigned char *ws(const unsigned char *p, const unsigned char *end)
+{
+    while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))
+        p++;
+    return p;
+}
+
+#if !defined(__SSE2__)
+/* Nonzero when one of the 8 bytes is '"', '\\', < 0x20 or >= 0x80 (no false negatives). */
+static inline uint64_t special8(uint64_t v)
+{
+    const uint64_t ones = 0x0101010101010101ull, high = 0x8080808080808080ull;
+    uint64_t q = v ^ (ones * '"'), b = v ^ (ones * '\\');
+    uint64_t ctl = (v - ones * 0x20) & ~v;
+    q = (q - ones) & ~q;
+    b = (b - ones) & ~b;
+    return (v | ctl | q | b) & high;
+}
+#endif
+
+/* Skips the plain bytes of a string (none of '"', '\\', < 0x20, >= 0x80) in bulk. */
+static inline const unsigned char *skip_plain(const unsigned char *p, const unsigned char *end)
+{
+#if defined(__SSE2__)
+    const __m128i quote = _mm_set1_epi8('"'), bslash = _mm_set1_epi8('\\'),
+                  space = _mm_set1_epi8(0x20);
+    while (end - p >= 16) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(const void *)p);
+        /* signed: bytes >= 0x80 are negative, so "< 0x20" also catches them */
+        __m128i m = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, bslash)),
+                                 _mm_cmplt_epi8(v, space));
+        int bits = _mm_movemask_epi8(m);
+        if (bits)
+            return p + __builtin_ctz((unsigned)bits);
+        p += 16;
+    }
+#else
+    while (end - p >= 8) {
+        uint64_t v;
+        memcpy(&v, p, 8);
+        if (special8(v))
+            break;
+        p += 8;
+    }
+#endif
+    while (p < end && *p >= 0x20 && *p < 0x80 && *p != '"' && *p != '\\')
+        p++;
+    return p;
+}
+
+/* A string at p (its opening quote): returns the byte after its closing quote, or NULL when it
+ * is not a valid string (RFC 8259 §7, §8.1, jansson's rules). *esc = 1 when it has escapes. */
+static const unsigned char *string(const unsigned char *p, const unsigned char *end, int *esc)
+{
+    p++;
+    for (;;) {
+        p = skip_plain(p, end);
+        if (p >= end)
+            return NULL;
+        unsigned char c = *p;
+        if (c == '"')
+            return p + 1;
+        if (c >= 0x80) {
+            size_t k = json_utf8_seq(p, end);
+            if (!k)
+                return NULL;
+            p += k;
+            continue;
+        }
+        if (c != '\\' || end - p < 2)
+            return NULL; /* a control byte, or an escape cut by the end */
+        *esc = 1;
+        unsigned char e = p[1];
+        p += 2;
+        if (e == '"' || e == '\\' || e == '/' || e == 'b' || e == 'f' || e == 'n' || e == 'r' ||
+            e == 't')
+            continue;
+        uint32_t cp, lo;
+        if (e != 'u' || end - p < 4 || json_hex4(p, &cp) < 0)
+            return NULL;
+        p += 4;
+        if (cp >= 0xD800 && cp <= 0xDBFF) {
+            if (end - p < 6 || p[0] != '\\' || p[1] != 'u' || json_hex4(p + 2, &lo) < 0 ||
+                lo < 0xDC00 || lo > 0xDFFF)
+                return NULL;
+            p += 6;
+        } else if ((cp >= 0xDC00 && cp <= 0xDFFF) || cp == 0) {
+            return NULL;
+        }
+    }
+}
+
+/* Decodes the valid string body [p, end) (between the quotes) into out (at most cap bytes);
+ * returns the decoded length. */
+static size_t decode(const unsigned char *p, const unsigned char *end, char *out, size_t cap)
+{
+    size_t n = 0;
+    while (p < end) {
+        const unsigned char *q = p;
+        while (q < end && *q != '\\')
+            q++;
+        size_t run = (size_t)(q - p);
+        if (n < cap)
+            memcpy(out + n, p, run < cap - n ? run : cap - n);
+        n += run;
+        if (q >= end)
+            break;
+        char tmp[4];
+        size_t k = 1;
+        uint32_t cp = 0, lo = 0xDC00;
+        switch (q[1]) {
+        case 'b': tmp[0] = '\b'; break;
+        case 'f': tmp[0] = '\f'; break;
+        case 'n': tmp[0] = '\n'; break;
+        case 'r': tmp[0] = '\r'; break;
+        case 't': tmp[0] = '\t'; break;
+        case 'u':
+            json_hex4(q + 2, &cp);
+            if (cp >= 0xD800 && cp <= 0xDBFF) {
+                json_hex4(q + 8, &lo);
+                cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+                q += 6;
+            }
+            q += 4;
+            k = json_put_utf8(tmp, cp);
+            break;
+        default: tmp[0] = (char)q[1]; break; /* '"', '\\', '/' */
+        }
+        for (size_t i = 0; i < k; i++, n++)
+            if (n < cap)
+                out[n] = tmp[i];
+        p = q + 2;
+    }
+    return n;
+}
+
+/* 1 when the significant digits (int part then fraction, leading zeros skipped) read as a
+ * decimal fraction 0.D are at least 0.g_inf_digits. */
+static int digits_reach_inf(const unsigned char *d, const unsigned char *end)
+{
+    size_t t = 0, tn = sizeof(g_inf_digits) - 1;
+    int lead = 1;
+    for (; d < end; d++) {
+        if (*d == '.')
+            continue;
+        if (lead && *d == '0')
+            continue;
+        lead = 0;
+        if (t == tn)
+            return 1; /* equal so far and longer */
+        if (*d != (unsigned char)g_inf_digits[t])
+            return *d > (unsigned char)g_inf_digits[t];
+        t++;
+    }
+    while (t < tn)
+        if (g_inf_digits[t++] != '0')
+            return 0;
+    return 1;
+}
+
+/* A number at p (RFC 8259 §6): returns the byte after it, or NULL when it is malformed, an
+ * integer outside json_int_t, or a real strtod() would overflow. Sets *kind and *ival. */
+static const unsigned char *number(const unsigned char *p, const unsigned char *end,
+                                   kvr_json_kind *kind, long long *ival)
+{
+    int neg = 0, real = 0;
+    if (*p == '-') {
+        neg = 1;
+        p++;
+    }
+    if (p >= end || *p < '0' || *p > '9')
+        return NULL;
+    const unsigned char *ib = p;
+    if (*p == '0') {
+        p++;
+        if (p < end && *p >= '0' && *p <= '9')
+            return NULL; /* no leading zeros */
+    } else {
+        while (p < end && *p >= '0' && *p <= '9')
+            p++;
+    }
+    const unsigned char *ie = p, *me = p; /* end of int part, of the mantissa */
+    if (p < end && *p == '.') {
+        real = 1;
+        p++;
+        if (p >= end || *p < '0' || *p > '9')
+            return NULL;
+        while (p < end && *p >= '0' && *p <= '9')
+            p++;
+        me = p;
+    }
+    long long ex = 0;
+    if (p < end && (*p == 'e' || *p == 'E')) {
+        real = 1;
+        p++;
+        int eneg = 0;
+        if (p < end && (*p == '+' || *p == '-'))
+            eneg = *p++ == '-';
+        if (p >= end || *p < '0' || *p > '9')
+            return NULL;
+        while (p < end && *p >= '0' && *p <= '9') {
+            if (ex < 1000000000)
+                ex = ex * 10 + (*p - '0');
+            p++;
+        }
+        if (eneg)
+            ex = -ex;
+    }
+    if (!real) {
+        long long v = 0; /* accumulated as a negative number so LLONG_MIN fits */
+        for (const unsigned char *d = ib; d < ie; d++) {
+            int digit = *d - '0';
+            if (v < (LLONG_MIN + digit) / 10)
+                return NULL;
+            v = v * 10 - digit;
+        }
+        if (!neg) {
+            if (v == LLONG_MIN)
+                return NULL;
+            v = -v;
+        }
+        *kind = KVR_JSON_INTEGER;
+        *ival = v;
+        return p;
+    }
+    /* value = 0.D × 10^e10 with D's first digit non-zero */
+    long long e10;
+    if (*ib != '0') {
+        size_t nint = (size_t)(ie - ib);
+        e10 = (nint > 1000000000 ? 1000000000 : (long long)nint) + ex;
+    } else {
+        const unsigned char *d = ie < me ? ie + 1 : me; /* the fraction's digits */
+        while (d < me && *d == '0')
+            d++;
+        if (d == me) { /* zero */
+            *kind = KVR_JSON_REAL;
+            *ival = 0;
+            return p;
+        }
+        size_t z = (size_t)(d - (ie + 1));
+        e10 = ex - (z > 1000000000 ? 1000000000 : (long long)z);
+    }
+    if (e10 > INF_EXP10 || (e10 == INF_EXP10 && digits_reach_inf(ib, me)))
+        return NULL;
+    *kind = KVR_JSON_REAL;
+    *ival = 0;
+    return p;
+}
+
+/* Decoded key [p, end) (between the quotes, escaped or not) equals name. */
+static int key_is(const unsigned char *p, const unsigned char *end, int esc, const char *name)
+{
+    if (!esc) {
+        size_t n = (size_t)(end - p);
+        return strncmp(name, (const char *)p, n) == 0 && name[n] == '\0';
+    }
+    char k[KVR_JSON_SCAN_NAME_MAX + 1];
+    size_t n = decode(p, end, k, sizeof(k));
+    return n <= KVR_JSON_SCAN_NAME_MAX && strncmp(name, k, n) == 0 && name[n] == '\0';
+}
+
+static void on_key(scan *s, size_t depth, const unsigned char *ks, const unsigned char *ke,
+                   int esc)
+{
+    if (depth == 1) {
+        s->cur = NULL;
+        for (size_t i = 0; i < s->n; i++)
+            if ((esc || s->names[i][0] == (ke > ks ? (char)*ks : '\0')) &&
+                key_is(ks, ke, esc, s->names[i])) {
+                s->cur = &s->out[i];
+                break;
+            }
+    } else if (depth == 3 && s->cur && s->cur->kind == KVR_JSON_ARRAY &&
+               s->ekind == KVR_JSON_OBJECT) {
+        s->in_role = ke - ks == 4 && !esc ? memcmp(ks, "role", 4) == 0
+                                          : key_is(ks, ke, esc, "role");
+    }
+}
+
+/* A value of `kind` starts at p, inside `depth` open containers. */
+static void on_begin(scan *s, size_t depth, kvr_json_kind kind, const unsigned char *p)
+{
+    if (!s->cur)
+        return;
+    if (depth == 1) {
+        memset(s->cur, 0, sizeof(*s->cur));
+        s->cur->off = (size_t)(p - s->start);
+        s->cur->kind = kind;
+        s->cur->first_norole = SIZE_MAX;
+    } else if (depth == 2 && s->cur->kind == KVR_JSON_ARRAY) {
+        s->ekind = kind;
+        s->sub_count = s->sub_nontoken = 0;
+        s->role = KVR_JSON_ABSENT;
+        s->in_role = 0;
+    }
+}
+
+/* A value of `kind` (an integer's value `ival`) ended just before p, inside `depth` open
+ * containers. */
+static void on_end(scan *s, size_t depth, kvr_json_kind kind, const unsigned char *p, int esc,
+                   long long ival)
+{
+    kvr_json_span *c = s->cur;
+    if (!c || depth == 0 || depth > 3)
+        return;
+    int token = kind == KVR_JSON_INTEGER && ival >= 0;
+    if (depth == 1) {
+        c->len = (size_t)(p - s->start) - c->off;
+        c->escaped = kind == KVR_JSON_STRING && esc;
+        c->ival = kind == KVR_JSON_INTEGER ? ival : 0;
+        if (c->first_norole == SIZE_MAX)
+            c->first_norole = c->count;
+        if (kind != KVR_JSON_ARRAY) /* the summary counts belong to arrays only */
+            c->first_norole = 0;
+        return;
+    }
+    if (c->kind != KVR_JSON_ARRAY)
+        return;
+    if (depth == 3) {
+        if (s->ekind == KVR_JSON_ARRAY) {
+            s->sub_count++;
+            s->sub_nontoken += !token;
+        } else if (s->ekind == KVR_JSON_OBJECT && s->in_role) {
+            s->role = kind;
+        }
+        return;
+    }
+    size_t idx = c->count++;
+    c->nonstring += kind != KVR_JSON_STRING;
+    c->nontoken += !token;
+    c->nontokarr += !(kind == KVR_JSON_ARRAY && s->sub_count && !s->sub_nontoken);
+    if (!(kind == KVR_JSON_OBJECT && s->role == KVR_JSON_STRING) && c->first_norole == SIZE_MAX)
+        c->first_norole = idx;
+}
+
+static inline void set_array(scan *s, size_t depth, int arr)
+{
+    uint64_t bit = 1ull << (depth & 63);
+    if (arr)
+        s->is_array[depth >> 6] |= bit;
+    else
+        s->is_array[depth >> 6] &= ~bit;
+}
+
+static inline int is_array(const scan *s, size_t depth)
+{
+    return (int)((s->is_array[depth >> 6] >> (depth & 63)) & 1);
+}
+
+int kvr_json_scan(const char *buf, size_t len, const char *const *names, size_t n,
+                  kvr_json_span *out)
+{
+    scan s;
+    s.start = (const unsigned char *)buf;
+    s.names = names;
+    s.n = n;
+    s.out = out;
+    s.cur = NULL;
+    s.ekind = KVR_JSON_ABSENT;
+    s.sub_count = s.sub_nontoken = 0;
+    s.role = KVR_JSON_ABSENT;
+    s.in_role = 0;
+    for (size_t i = 0; i < n; i++)
+        memset(&out[i], 0, sizeof(out[i]));
+    const unsigned char *p = s.start, *end = s.start + len;
+    p = ws(p, end);
+    if (p >= end || (*p != '{' && *p != '['))
+        return -1;
+    int top = *p == '{' ? KVR_JSON_OBJECT : KVR_JSON_ARRAY;
+    size_t depth = 0; /* open containers */
+    kvr_json_kind kind;
+    long long ival;
+    int esc;
+
+value:
+    if (depth >= KVR_JSON_MAX_DEPTH || p >= end)
+        return -1; /* the value would be deeper than KVR_JSON_MAX_DEPTH, or is missing */
+    ival = 0;
+    esc = 0;
+    switch (*p) {
+    case '{':
+    case '[': {
+        int arr = *p == '[';
+        on_begin(&s, depth, arr ? KVR_JSON_ARRAY : KVR_JSON_OBJECT, p);
+        set_array(&s, depth, arr);
+        depth++;
+        p = ws(p + 1, end);
+        if (p < end && *p == (arr ? ']' : '}')) {
+            p++;
+            depth--;
+            kind = arr ? KVR_JSON_ARRAY : KVR_JSON_OBJECT;
+            goto value_end;
+        }
+        if (arr)
+            goto value;
+        goto key;
+    }
+    case '"':
+        on_begin(&s, depth, KVR_JSON_STRING, p);
+        kind = KVR_JSON_STRING;
+        if (!(p = string(p, end, &esc)))
+            return -1;
+        goto value_end;
+    case 't':
+        kind = KVR_JSON_TRUE;
+        if (end - p < 4 || memcmp(p, "true", 4) != 0)
+            return -1;
+        on_begin(&s, depth, kind, p);
+        p += 4;
+        goto value_end;
+    case 'f':
+        kind = KVR_JSON_FALSE;
+        if (end - p < 5 || memcmp(p, "false", 5) != 0)
+            return -1;
+        on_begin(&s, depth, kind, p);
+        p += 5;
+        goto value_end;
+    case 'n':
+        kind = KVR_JSON_NULL;
+        if (end - p < 4 || memcmp(p, "null", 4) != 0)
+            return -1;
+        on_begin(&s, depth, kind, p);
+        p += 4;
+        goto value_end;
+    default: {
+        if (*p != '-' && (*p < '0' || *p > '9'))
+            return -1;
+        const unsigned char *b = p;
+        if (!(p = number(p, end, &kind, &ival)))
+            return -1;
+        on_begin(&s, depth, kind, b);
+        goto value_end;
+    }
+    }
+
+value_end:
+    on_end(&s, depth, kind, p, esc, ival);
+    if (depth == 0)
+        return ws(p, end) == end ? top : -1;
+    p = ws(p, end);
+    if (p >= end)
+        return -1;
+    if (is_array(&s, depth - 1)) {
+        if (*p == ',') {
+            p = ws(p + 1, end);
+            goto value;
+        }
+        if (*p != ']')
+            return -1;
+        kind = KVR_JSON_ARRAY;
+    } else {
+        if (*p == ',') {
+            p = ws(p + 1, end);
+            goto key;
+        }
+        if (*p != '}')
+            return -1;
+        kind = KVR_JSON_OBJECT;
+    }
+    p++;
+    depth--;
+    esc = 0;
+    ival = 0;
+    goto value_end;
+
+key:
+    if (p >= end || *p != '"')
+        return -1;
+    {
+        const unsigned char *ks = p;
+        esc = 0;
+        if (!(p = string(p, end, &esc)))
+            return -1;
+        on_key(&s, depth, ks + 1, p - 1, esc);
+    }
+    p = ws(p, end);
+    if (p >= end || *p != ':')
+        return -1;
+    p = ws(p + 1, end);
+    goto value;
+}
+
+int kvr_json_span_member(const char *buf, const kvr_json_span *obj, const char *name,
+                         kvr_json_span *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (obj->kind != KVR_JSON_OBJECT || strlen(name) > KVR_JSON_SCAN_NAME_MAX ||
+        kvr_json_scan(buf + obj->off, obj->len, &name, 1, out) != KVR_JSON_OBJECT ||
+        out->kind == KVR_JSON_ABSENT) {
+        memset(out, 0, sizeof(*out));
+        return 0;
+    }
+    out->off += obj->off;
+    return 1;
+}
+
+/* The end of the value at p in text already validated: strings skipped in bulk, containers
+ * by depth. */
+static const unsigned char *skip_valid(const unsigned char *p, const unsigned char *end)
+{
+    size_t depth = 0;
+    do {
+        unsigned char c = *p;
+        if (c == '"') {
+            p++;
+            for (;;) {
+                p = skip_plain(p, end);
+                if (p >= end || *p == '"')
+                    break;
+                p += *p == '\\' ? 2 : 1; /* an escape (never ends the string), or UTF-8 */
+            }
+            p++;
+        } else if (c == '{' || c == '[') {
+            depth++;
+            p++;
+        } else if (c == '}' || c == ']') {
+            depth--;
+            p++;
+        } else if (c == ',' || c == ':' || c == ' ' || c == '\t' || c == '\n' || c == '\r') {
+            p++;
+        } else { /* a number or a literal */
+            while (p < end && *p != ',' && *p != '}' && *p != ']' && *p != ' ' && *p != '\t' &&
+                   *p != '\n' && *p != '\r')
+                p++;
+        }
+    } while (depth && p < end);
+    return p;
+}
+
+int kvr_json_span_first(const char *buf, const kvr_json_span *arr, kvr_json_span *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (arr->kind != KVR_JSON_ARRAY)
+        return 0;
+    const unsigned char *b = (const unsigned char *)buf, *end = b + arr->off + arr->len;
+    const unsigned char *p = ws(b + arr->off + 1, end);
+    if (p >= end || *p == ']')
+        return 0;
+    const unsigned char *e = skip_valid(p, end);
+    out->off = (size_t)(p - b);
+    out->len = (size_t)(e - p);
+    switch (*p) {
+    case '{': out->kind = KVR_JSON_OBJECT; break;
+    case '[': out->kind = KVR_JSON_ARRAY; break;
+    case 't': out->kind = KVR_JSON_TRUE; break;
+    case 'f': out->kind = KVR_JSON_FALSE; break;
+    case 'n': out->kind = KVR_JSON_NULL; break;
+    case '"':
+        out->kind = KVR_JSON_STRING;
+        out->escaped = memchr(p, '\\', out->len) != NULL;
+        break;
+    default: {
+        long long ival = 0;
+        kvr_json_kind k = KVR_JSON_REAL;
+        number(p, e, &k, &ival);
+        out->kind = k;
+        out->ival = ival;
+    }
+    }
+    return 1;
+}
+
+size_t kvr_json_span_string(const char *buf, const kvr_json_span *s, char *out, size_t cap)
+{
+    if (s->kind != KVR_JSON_STRING || s->len < 2)
+        return 0;
+    const unsigned char *p = (const unsigned char *)buf + s->off + 1, *e = p + s->len - 2;
+    if (!s->escaped) {
+        size_t n = s->len - 2;
+        memcpy(out, p, n < cap ? n : cap);
+        return n;
+    }
+    return decode(p, e, out, cap);
+}

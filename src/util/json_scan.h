@@ -1,0 +1,88 @@
+/* A validating JSON scanner: checks that a buffer is one JSON text and locates chosen
+ * top-level members, without building a tree and without allocating (issue 18: the fields
+ * every proxied request needs are read this way; a tree is built only when the routing text
+ * is).
+ *
+ * Acceptance is exactly kvr_json_read()'s (util/json_read.h), i.e. json_loadb(buf, len, 0)'s
+ * minus jansson's NUL quirk: the RFC 8259 grammar (§2-§7) with a top-level object or array,
+ * strings of valid UTF-8 (RFC 8259 §8.1; no overlongs, surrogates or code points above
+ * U+10FFFF), escapes of §7 with \u surrogate pairs and no \u0000, integers (no fraction or
+ * exponent) that fit a signed 64-bit json_int_t, reals that strtod() does not overflow to
+ * infinity (RFC 8259 §6 leaves the range to implementations; this is jansson's), nesting of at
+ * most KVR_JSON_MAX_DEPTH values, nothing but whitespace after the text.
+ * tests/unit/test_json_scan.c and fuzz/fuzz_keys.c check this against the tree.
+ *
+ * Strings are skipped 16 bytes at a time (SSE2, else 8 with SWAR): only '"', '\\', control
+ * bytes and bytes >= 0x80 stop the bulk skip. Duplicate member names keep the last value (as
+ * the tree does). */
+#ifndef KVR_UTIL_JSON_SCAN_H
+#define KVR_UTIL_JSON_SCAN_H
+#include <stddef.h>
+
+/** Deepest nesting accepted, counting every value (jansson's JSON_PARSER_MAX_DEPTH): a scalar
+ *  inside 2047 arrays is accepted, inside 2048 it is not. */
+#define KVR_JSON_MAX_DEPTH 2048
+/** Longest member name kvr_json_scan() can look for, bytes (decoded). */
+#define KVR_JSON_SCAN_NAME_MAX 63
+
+/** The kind of a located value. */
+typedef enum kvr_json_kind {
+    KVR_JSON_ABSENT = 0, /**< no such member (or the text's top level is not an object) */
+    KVR_JSON_OBJECT,
+    KVR_JSON_ARRAY,
+    KVR_JSON_STRING,
+    KVR_JSON_INTEGER, /**< a number without fraction or exponent (fits 64 bits) */
+    KVR_JSON_REAL,    /**< a number with a fraction or an exponent */
+    KVR_JSON_TRUE,
+    KVR_JSON_FALSE,
+    KVR_JSON_NULL
+} kvr_json_kind;
+
+/** Where a located value lies in the scanned buffer, and what it is. For arrays, a summary of
+ *  the elements, gathered during the same pass (what request validation reads). */
+typedef struct kvr_json_span {
+    size_t off;         /**< first byte of the value, from the start of the buffer */
+    size_t len;         /**< bytes of the value as written (a string's quotes included) */
+    kvr_json_kind kind; /**< KVR_JSON_ABSENT: off, len and the rest are 0 */
+    int escaped;        /**< a string: it contains a backslash escape (else its bytes
+                             between the quotes are its decoded value) */
+    long long ival;     /**< an integer's value; 0 for any other kind */
+    /* Arrays only (0 otherwise): */
+    size_t count;       /**< elements */
+    size_t nonstring;   /**< elements that are not strings */
+    size_t nontoken;    /**< elements that are not token ids (integers >= 0) */
+    size_t nontokarr;   /**< elements that are not non-empty arrays of token ids */
+    size_t first_norole; /**< index of the first element that is not an object whose member
+                              "role" (its last occurrence) is a string; `count` when none */
+} kvr_json_span;
+
+/** Scans `len` bytes at `buf` (no NUL needed). `names` lists `n` distinct member names
+ *  (decoded bytes, at most KVR_JSON_SCAN_NAME_MAX each; "mod\u0065l" in the text is "model");
+ *  `out[i]` receives the value of the last top-level member named `names[i]`, or
+ *  KVR_JSON_ABSENT (also when the top level is an array). `n` may be 0 (validation only;
+ *  `names` and `out` may then be NULL). Returns KVR_JSON_OBJECT or KVR_JSON_ARRAY (the top
+ *  level) when the buffer is one JSON text kvr_json_read() accepts; else -1 (then `out` is
+ *  unspecified: call kvr_json_read() for the error's wording and position). Never
+ *  allocates; stack use is bounded (~300 bytes of nesting state). */
+int kvr_json_scan(const char *buf, size_t len, const char *const *names, size_t n,
+                  kvr_json_span *out);
+
+/** The last member named `name` of the object `obj` (a span located by kvr_json_scan() in
+ *  `buf`) into `*out` (offsets from the start of `buf`; array summaries included). Returns 1
+ *  when found, 0 when not (then `*out` is KVR_JSON_ABSENT), also when `obj` is no object. */
+int kvr_json_span_member(const char *buf, const kvr_json_span *obj, const char *name,
+                         kvr_json_span *out);
+
+/** The first element of the array `arr` (a span located by kvr_json_scan() in `buf`) into
+ *  `*out` (kind, offsets from the start of `buf`, an integer's value, a string's `escaped`;
+ *  no array summary). Returns 1, or 0 when `arr` is no array or is empty (`*out` then
+ *  KVR_JSON_ABSENT). */
+int kvr_json_span_first(const char *buf, const kvr_json_span *arr, kvr_json_span *out);
+
+/** Decodes the string `s` (a KVR_JSON_STRING span of `buf`) into `out`, writing at most `cap`
+ *  bytes (no NUL added). Returns the decoded length in bytes, which may exceed `cap` (then
+ *  call again with a larger buffer); 0 when `s` is not a string. Decoded strings never hold a
+ *  NUL byte (\u0000 is refused by the scan). */
+size_t kvr_json_span_string(const char *buf, const kvr_json_span *s, char *out, size_t cap);
+
+#endif
