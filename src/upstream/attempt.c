@@ -8,6 +8,7 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include "upstream/deadline.h"
 #include "upstream/upstream_int.h"
 
 /* Headers libcurl would add on its own and that a proxy must not invent: an empty "Expect:"
@@ -86,51 +87,28 @@ kvr_upstream_err kvr_up__map_result(kvr_upc_attempt *a, CURLcode rc, const char 
  * arriving and body bytes cost no timer operation: they store uv_now() and the callback checks
  * the deadline that applies. The timer never fires late: before the head it is due at most
  * `stream_idle` after the last check, and the idle deadline counts from the head. */
-static uint64_t min_nz(uint64_t a, uint64_t b)
-{
-    return !a ? b : !b ? a : a < b ? a : b;
-}
-
 static void timer_cb(uv_timer_t *t)
 {
     kvr_upc_attempt *a = t->data;
     kvr_upc *u = a->u;
     if (a->state != KVR_UP_S_RUNNING && a->state != KVR_UP_S_PENDING)
         return;
-    uint64_t now = uv_now(u->loop);
-    uint64_t idle = u->opts.stream_idle_timeout_ms;
-    if (!a->got_headers) {
-        uint64_t fb = u->opts.first_byte_timeout_ms, left = 0;
-        if (fb) {
-            uint64_t waited = now - a->start_ms;
-            if (waited >= fb) {
-                kvr_up__finish(a, KVR_UP_FIRST_BYTE_TIMEOUT,
-                               "no response head within first_byte_timeout_ms");
-                return;
-            }
-            left = fb - waited;
-        }
-        uint64_t next = min_nz(left, idle);
-        if (next)
-            uv_timer_start(t, timer_cb, next, 0);
-        return;
-    }
-    /* Time paused by our own backpressure is not idleness: kvr_upc_resume re-arms. */
-    if (a->paused || !idle)
-        return;
-    uint64_t gap = now - a->last_rx_ms;
-    if (gap >= idle) {
-        kvr_up__finish(a, KVR_UP_IDLE_TIMEOUT, "no body bytes within stream_idle_timeout_ms");
-        return;
-    }
-    uv_timer_start(t, timer_cb, idle - gap, 0);
+    uint64_t next;
+    const char *msg;
+    kvr_upstream_err e = kvr_up_deadline_check(&u->opts, uv_now(u->loop), a->start_ms,
+                                               a->last_rx_ms, a->got_headers, a->paused, &next,
+                                               &msg);
+    if (e != KVR_UP_OK)
+        kvr_up__finish(a, e, msg);
+    else if (next)
+        uv_timer_start(t, timer_cb, next, 0);
 }
 
 void kvr_up__attempt_arm(kvr_upc_attempt *a)
 {
     kvr_upc *u = a->u;
     a->start_ms = uv_now(u->loop);
-    uint64_t ms = min_nz(u->opts.first_byte_timeout_ms, u->opts.stream_idle_timeout_ms);
+    uint64_t ms = kvr_up_deadline_first(&u->opts);
     if (ms)
         uv_timer_start(&a->timer, timer_cb, ms, 0);
 }

@@ -20,6 +20,7 @@
 #include <strings.h>
 
 #include "upstream/native_int.h"
+#include "upstream/deadline.h"
 #include "util/log.h"
 
 /* ---- lists ---- */
@@ -280,11 +281,6 @@ void kvr_upn__drive(upn_attempt *a)
 
 /* ---- deadlines (one timer per attempt, re-armed lazily, as the libcurl client's) ---- */
 
-static uint64_t min_nz(uint64_t a, uint64_t b)
-{
-    return !a ? b : !b ? a : a < b ? a : b;
-}
-
 static int running(const upn_attempt *a)
 {
     return a->state == UPN_A_WAITING || a->state == UPN_A_CONNECTING ||
@@ -297,32 +293,15 @@ static void timer_cb(uv_timer_t *t)
     kvr_upn *u = a->u;
     if (!running(a))
         return;
-    uint64_t now = uv_now(u->loop);
-    uint64_t idle = u->opts.stream_idle_timeout_ms;
-    if (!a->got_headers) {
-        uint64_t fb = u->opts.first_byte_timeout_ms, left = 0;
-        if (fb) {
-            uint64_t waited = now - a->start_ms;
-            if (waited >= fb) {
-                finish(a, KVR_UP_FIRST_BYTE_TIMEOUT,
-                       "no response head within first_byte_timeout_ms");
-                return;
-            }
-            left = fb - waited;
-        }
-        uint64_t next = min_nz(left, idle);
-        if (next)
-            uv_timer_start(t, timer_cb, next, 0);
-        return;
-    }
-    if (a->paused || !idle)
-        return; /* time paused by our own backpressure is not idleness: resume re-arms */
-    uint64_t gap = now - a->last_rx_ms;
-    if (gap >= idle) {
-        finish(a, KVR_UP_IDLE_TIMEOUT, "no body bytes within stream_idle_timeout_ms");
-        return;
-    }
-    uv_timer_start(t, timer_cb, idle - gap, 0);
+    uint64_t next;
+    const char *msg;
+    kvr_upstream_err e = kvr_up_deadline_check(&u->opts, uv_now(u->loop), a->start_ms,
+                                               a->last_rx_ms, a->got_headers, a->paused, &next,
+                                               &msg);
+    if (e != KVR_UP_OK)
+        finish(a, e, msg);
+    else if (next)
+        uv_timer_start(t, timer_cb, next, 0);
 }
 
 /* ---- the connection is ready ---- */
@@ -525,7 +504,7 @@ kvr_upstream_attempt *kvr_upn_start(kvr_upn *u, const char *method, const char *
     a->ud = ud;
     active_link(u, a);
     a->start_ms = a->last_rx_ms = uv_now(u->loop);
-    uint64_t ms = min_nz(u->opts.first_byte_timeout_ms, u->opts.stream_idle_timeout_ms);
+    uint64_t ms = kvr_up_deadline_first(&u->opts);
     if (ms)
         uv_timer_start(&a->timer, timer_cb, ms, 0);
     a->state = UPN_A_WAITING;
