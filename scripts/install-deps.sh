@@ -11,7 +11,7 @@ PKGS=(
   libuv1-dev libhttp-parser-dev libcurl4-openssl-dev libjansson-dev libyaml-dev
   libzmq3-dev libmsgpack-dev libxxhash-dev libcmocka-dev
   python3 python3-pytest python3-httpx python3-zmq python3-msgpack
-  nodejs wrk nginx-light gnuplot-nox curl procps
+  nodejs wrk nginx-light haproxy gnuplot-nox curl procps
   chromium
 )
 missing=()
