@@ -4,11 +4,6 @@
 #include <string.h>
 #include <strings.h>
 
-int kvr_header_is(const char *name, size_t len, const char *want)
-{
-    return strlen(want) == len && strncasecmp(name, want, len) == 0;
-}
-
 static int listed_in(const char *name, size_t len, const char *list)
 {
     /* Connection: a comma-separated list of tokens with optional whitespace. */
@@ -27,11 +22,19 @@ static int listed_in(const char *name, size_t len, const char *list)
 
 int kvr_hop_by_hop(const char *name, size_t len, const char *connection)
 {
-    static const char *const hop[] = {"connection", "keep-alive", "proxy-authenticate",
-                                      "proxy-authorization", "proxy-connection", "te",
-                                      "trailer", "transfer-encoding", "upgrade"};
-    for (size_t i = 0; i < sizeof(hop) / sizeof(hop[0]); i++)
-        if (kvr_header_is(name, len, hop[i]))
-            return 1;
+    /* RFC 9110 7.6.1 and RFC 9112 (keep-alive, proxy-connection: de-facto); by length first,
+     * as every response header passes here. */
+    const char *want = NULL;
+    switch (len) {
+    case 2: want = "te"; break;
+    case 7: want = (name[0] | 0x20) == 't' ? "trailer" : "upgrade"; break;
+    case 10: want = (name[0] | 0x20) == 'c' ? "connection" : "keep-alive"; break;
+    case 16: want = "proxy-connection"; break;
+    case 17: want = "transfer-encoding"; break;
+    case 18: want = "proxy-authenticate"; break;
+    case 19: want = "proxy-authorization"; break;
+    }
+    if (want && strncasecmp(name, want, len) == 0)
+        return 1;
     return connection && listed_in(name, len, connection);
 }

@@ -2,6 +2,7 @@
 #ifndef KVR_PROXY_HEADERS_H
 #define KVR_PROXY_HEADERS_H
 #include <stddef.h>
+#include <strings.h>
 
 #include "http/server.h"
 
@@ -11,6 +12,10 @@
  *  value `connection` (may be NULL). */
 int kvr_hop_by_hop(const char *name, size_t len, const char *connection);
 /** Case-insensitive equality of a header name range with a NUL-terminated name. */
-int kvr_header_is(const char *name, size_t len, const char *want);
+static inline int kvr_header_is(const char *name, size_t len, const char *want)
+{
+    /* inline: with a literal `want` the length test folds to a constant */
+    return __builtin_strlen(want) == len && strncasecmp(name, want, len) == 0;
+}
 
 #endif

@@ -20,6 +20,7 @@
 #include "proxy/usage.h"
 #include "events/kvevents.h"
 #include "util/json_read.h"
+#include "util/fmt.h"
 #include "util/log.h"
 #include "workers/health.h"
 #include "util/oai_error.h"
@@ -66,7 +67,7 @@ typedef struct preq {
     int prefilling;       /* counted in w->prefilling (taught, first body byte not seen) */
     int unsettled;        /* w had prefilling attempts when this one was sent */
     int pinned;           /* the Responses API id of the answer is pinned to its worker */
-    char attempts[8];     /* x-kvroute-attempts */
+    char attempts[KVR_FMT_U64_MAX]; /* x-kvroute-attempts */
     size_t tried[MAX_ATTEMPTS]; /* worker ids already attempted */
     size_t ntried;
     kvr_buf held;         /* SSE: bytes of an event not yet complete, relayed when it is */
@@ -123,8 +124,11 @@ static void set_request_id(preq *p)
         memcpy(p->request_id, id, n + 1);
         return;
     }
-    snprintf(p->request_id, sizeof(p->request_id), "kvr-%016llx%016llx",
-             (unsigned long long)kvr_rand_u64(), (unsigned long long)kvr_rand_u64());
+    _Static_assert(sizeof(p->request_id) >= 4 + 32 + 1, "request id buffer");
+    memcpy(p->request_id, "kvr-", 4);
+    kvr_fmt_hex64(p->request_id + 4, kvr_rand_u64());
+    kvr_fmt_hex64(p->request_id + 20, kvr_rand_u64());
+    p->request_id[36] = '\0';
 }
 
 static void count_decision(preq *p)
@@ -263,8 +267,8 @@ static void slot_give(kvr_app *app, kvr_worker *w)
 /* Counts an attempt on `w` that ended with `code` (0 = no response) and frees its slot. */
 static void attempt_count(kvr_app *app, kvr_worker *w, int code)
 {
-    char c[24];
-    snprintf(c, sizeof(c), "%d", code);
+    char c[KVR_FMT_U64_MAX];
+    kvr_fmt_u64(c, (uint64_t)(code < 0 ? 0 : code));
     const char *lv[] = {w->url, c};
     kvr_metric_inc(app->m.worker_requests, lv, 1);
     slot_give(app, w);
@@ -485,7 +489,9 @@ static void on_headers(void *ud, int status, const kvr_http_header *h, size_t n)
     char connbuf[256];
     for (size_t i = 0; i < n; i++)
         if (kvr_header_is(h[i].name, h[i].name_len, "connection")) {
-            snprintf(connbuf, sizeof(connbuf), "%.*s", (int)h[i].value_len, h[i].value);
+            size_t cn = h[i].value_len < sizeof(connbuf) ? h[i].value_len : sizeof(connbuf) - 1;
+            memcpy(connbuf, h[i].value, cn);
+            connbuf[cn] = '\0';
             conn = connbuf;
         }
     for (size_t i = 0; i < n && k < MAX_FWD_HEADERS; i++) {
@@ -507,8 +513,9 @@ static void on_headers(void *ud, int status, const kvr_http_header *h, size_t n)
     out[k++] = (kvr_http_header){"x-kvroute-decision", 18, p->pick.decision,
                                  strlen(p->pick.decision)};
     out[k++] = (kvr_http_header){"x-request-id", 12, p->request_id, strlen(p->request_id)};
-    snprintf(p->attempts, sizeof(p->attempts), "%zu", p->ntried);
-    out[k++] = (kvr_http_header){"x-kvroute-attempts", 18, p->attempts, strlen(p->attempts)};
+    _Static_assert(sizeof(p->attempts) >= KVR_FMT_U64_MAX, "attempts buffer");
+    size_t an = kvr_fmt_u64(p->attempts, p->ntried);
+    out[k++] = (kvr_http_header){"x-kvroute-attempts", 18, p->attempts, an};
     k += ratelimit_headers(p, out + k);
     if (p->pick.match >= 0) {
         snprintf(p->match, sizeof(p->match), "%.2f", p->pick.match);
@@ -987,7 +994,10 @@ static preq *preq_new(kvr_app *app, kvr_http_req *r, kvr_endpoint ep, kvr_route 
     preq_link(p);
     set_request_id(p);
     p->key = kvr_http_req_tag(r) ? kvr_http_req_tag(r) : "-";
-    snprintf(p->client, sizeof(p->client), "%s", kvr_http_req_peer(r));
+    const char *peer = kvr_http_req_peer(r);
+    size_t pn = strnlen(peer, sizeof(p->client) - 1);
+    memcpy(p->client, peer, pn);
+    p->client[pn] = '\0';
     p->start_ns = kvr_http_req_start_ns(r);
     if (app->otlp) {
         snprintf(p->method, sizeof(p->method), "%s", kvr_http_req_method(r));

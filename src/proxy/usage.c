@@ -251,8 +251,43 @@ void kvr_usage_messages(kvr_usage *u)
     u->messages = 1;
 }
 
+/* take()'s usage reading without a tree, for the answers whose reply and response id are not
+ * wanted: the top-level `usage` object (else `response.usage`), its counts and the cached
+ * tokens of its details, with take()'s rules (a count that is not an integer reads 0; the
+ * Responses API's names when `prompt_tokens` is absent and `input_tokens` present). */
+static void take_usage_scan(kvr_usage *u, const char *json, size_t len)
+{
+    static const char *const top[] = {"usage", "response"};
+    static const char *const names[] = {"prompt_tokens", "input_tokens", "completion_tokens",
+                                        "output_tokens", "prompt_tokens_details",
+                                        "input_tokens_details"};
+    kvr_json_span t[2], resp, f[6], cached;
+    if (kvr_json_scan(json, len, top, 2, t) != KVR_JSON_OBJECT)
+        return;
+    const kvr_json_span *usage = &t[0];
+    if (usage->kind != KVR_JSON_OBJECT) {
+        if (!kvr_json_span_member(json, &t[1], "usage", &resp) || resp.kind != KVR_JSON_OBJECT)
+            return;
+        usage = &resp;
+    }
+    const char *ub = json + usage->off;
+    kvr_json_scan(ub, usage->len, names, 6, f);
+    int r = f[0].kind == KVR_JSON_ABSENT && f[1].kind != KVR_JSON_ABSENT;
+    u->found = 1;
+    u->prompt = f[r ? 1 : 0].ival;
+    u->completion = f[r ? 3 : 2].ival;
+    kvr_json_span_member(ub, &f[r ? 5 : 4], "cached_tokens", &cached);
+    u->has_cached = cached.kind == KVR_JSON_INTEGER;
+    u->cached = cached.ival;
+}
+
 static void take(kvr_usage *u, const char *json, size_t len)
 {
+    if (!kvr_usage_tree_only && !u->messages && !(u->reply_cap && !u->reply_over) &&
+        !(u->want_id && !u->response_id)) {
+        take_usage_scan(u, json, len);
+        return;
+    }
     json_t *j = kvr_json_read(json, len, NULL);
     if (u->messages) {
         take_messages(u, j);

@@ -30,7 +30,8 @@ static const char *const g_fixed[KVR_FIELD_COUNT] = {
 static long name_index(const kvr_body_fields *f, const char *name, size_t n)
 {
     for (size_t i = 0; i < f->n; i++)
-        if (strncmp(f->names[i], name, n) == 0 && f->names[i][n] == '\0')
+        if (f->names[i][0] == (n ? name[0] : '\0') && strncmp(f->names[i], name, n) == 0 &&
+            f->names[i][n] == '\0')
             return (long)i;
     return -1;
 }
