@@ -4,6 +4,15 @@ CC      ?= gcc
 BUILD   ?= build
 PKGS    := libuv libcurl jansson yaml-0.1 libzmq msgpack libxxhash
 CFLAGS  ?= -O2 -g
+# Link-time optimisation for the programs (issue 18: ~8 % less CPU per proxied request, as the
+# hot path crosses many small functions in other files). Objects carry both LTO bytecode and
+# ordinary code (fat), so unit tests link them as usual; the ASan and fuzz builds turn it off.
+# `make LTO=` builds without it.
+LTO     ?= -flto=auto -ffat-lto-objects
+LTO_LINK = $(if $(LTO),-flto=auto)
+ifneq ($(LTO),)
+AR      := gcc-ar
+endif
 KVR_CFLAGS := -std=c17 -D_GNU_SOURCE -Wall -Wextra -Werror -Isrc $(shell pkg-config --cflags $(PKGS))
 LDLIBS  := $(shell pkg-config --libs $(PKGS)) -lhttp_parser -lm -lpthread
 
@@ -26,7 +35,7 @@ all: $(PROGS) $(UNIT_BINS)
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(KVR_CFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
+	$(CC) $(KVR_CFLAGS) $(CFLAGS) $(LTO) -MMD -MP -c $< -o $@
 
 $(WEB_C): $(WEB_FILES) scripts/embed_web.sh
 	@mkdir -p $(dir $@)
@@ -34,14 +43,14 @@ $(WEB_C): $(WEB_FILES) scripts/embed_web.sh
 
 $(BUILD)/libkvr.a: $(LIB_OBJS)
 	@rm -f $@
-	ar rcs $@ $^
+	$(AR) rcs $@ $^
 
 $(BUILD)/kvroute: $(BUILD)/obj/src/main.o $(BUILD)/libkvr.a
-	$(CC) $(KVR_CFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) $(KVR_CFLAGS) $(CFLAGS) $(LTO_LINK) -o $@ $^ $(LDLIBS)
 $(BUILD)/kvroute-sim: $(SIM_OBJS) $(BUILD)/libkvr.a
-	$(CC) $(KVR_CFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) $(KVR_CFLAGS) $(CFLAGS) $(LTO_LINK) -o $@ $^ $(LDLIBS)
 $(BUILD)/kvroute-bench: $(BENCH_OBJS) $(BUILD)/libkvr.a
-	$(CC) $(KVR_CFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) $(KVR_CFLAGS) $(CFLAGS) $(LTO_LINK) -o $@ $^ $(LDLIBS)
 
 # Unit tests: one binary per tests/unit/test_<module>.c, linked with the library (and, for
 # tests/unit/test_sim_*.c, the simulator's objects except its main).
@@ -80,13 +89,13 @@ test: all
 check:
 	$(MAKE) test
 	$(MAKE) asan
-	$(MAKE) BUILD=build-asan CFLAGS="$(ASAN_CFLAGS)" unit e2e
+	$(MAKE) BUILD=build-asan CFLAGS="$(ASAN_CFLAGS)" LTO= unit e2e
 	$(MAKE) fuzz FUZZ_SECONDS=30
 
 ASAN_CFLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
 asan:
-	$(MAKE) BUILD=build-asan CFLAGS="$(ASAN_CFLAGS)" all
+	$(MAKE) BUILD=build-asan CFLAGS="$(ASAN_CFLAGS)" LTO= all
 
 # libFuzzer harnesses (fuzz/fuzz_<target>.c, one per parser of outside bytes), built with
 # clang under ASan+UBSan into build-fuzz/ and run for FUZZ_SECONDS each from the seeds in
@@ -102,7 +111,7 @@ $(BUILD)/fuzz_%: fuzz/fuzz_%.c $(BUILD)/libkvr.a
 endif
 
 fuzz-build:
-	$(MAKE) BUILD=build-fuzz CC=clang CFLAGS="$(FUZZ_CFLAGS)" $(FUZZ_BINS)
+	$(MAKE) BUILD=build-fuzz CC=clang CFLAGS="$(FUZZ_CFLAGS)" LTO= $(FUZZ_BINS)
 
 fuzz: fuzz-build
 	@set -e; for b in $(FUZZ_BINS); do t=$${b#build-fuzz/fuzz_}; \

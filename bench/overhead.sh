@@ -2,9 +2,13 @@
 # Proxy overhead benchmark (a benchmark, not a test; docs/performance.md "Proxy overhead vs
 # nginx"). In one run it measures, with wrk, the same POST /v1/chat/completions
 #   direct   wrk -> stub
-#   nginx    wrk -> Debian nginx (proxy_pass, keep-alive upstream, round robin) -> 2 stubs
-#   kvroute  wrk -> build/kvroute --policy round_robin -> 2 stubs
-# for a 247 B and an 8 KB JSON chat request (both "model":"m") and an SSE answer of 20 events,
+#   nginx       wrk -> Debian nginx (proxy_pass, keep-alive upstream, round robin) -> 2 stubs
+#   haproxy     wrk -> Debian HAProxy (nbthread 1, keep-alive to the stubs, round robin) -> 2 stubs
+#   kvroute     wrk -> build/kvroute --policy round_robin -> 2 stubs
+#   kvroute-ca  wrk -> build/kvroute --policy cache_aware -> 2 stubs (only the CA_BODIES cells)
+# for a 247 B and an 8 KB JSON chat request (both "model":"m"), an SSE answer of 20 events and
+# a real multi-turn request ("tau": the first turns of a tau-bench airline conversation from
+# data/, ~30 KB, system prompt + user, assistant and tool messages),
 # then counts syscalls per request (nginx, kvroute; 8 KB) and profiles kvroute with perf
 # (callgrind when perf is not permitted) during extra 8 KB, 247 B and chunked-SSE runs.
 # The stubs are one nginx (worker_processes 1) listening on two ports and answering from
@@ -18,12 +22,15 @@
 # Usage: bench/overhead.sh            (from the repository root; ~3.5 min with the defaults)
 # Environment (defaults in brackets):
 #   DURATION [8]   seconds per measured cell      WARMUP [2]   seconds of warm-up per cell
-#   CONNS [50]     wrk connections                THREADS [1]  wrk threads
+#   CONNS [32]     wrk connections                THREADS [1]  wrk threads
 #   REPEAT [1]     runs per cell (the table shows the run with the median req/s)
-#   PATHS ["direct nginx kvroute"]   BODIES ["247 8k sse ssechunk"]
+#   PATHS ["direct nginx haproxy kvroute kvroute-ca"]   BODIES ["247 8k sse ssechunk tau"]
+#   CA_BODIES ["tau"]  cells measured on kvroute-ca too
+#   TAU_BYTES [30000]  the tau cell's body: the longest conversation prefix not above this
 #   KVROUTE [build/kvroute]          PROFILE [1]  (0 = no profile)
 #   KVROUTE_ARGS [""]  extra kvroute flags, e.g. "--upstream-client curl" (split on blanks)
 #   PROFILE_BODIES ["8k 247 ssechunk"]  cells profiled with perf, one extra run each
+#   PROFILE_CA_BODIES ["tau"]            cells profiled on kvroute-ca
 #   SYSCALLS [1]   count syscalls per request of nginx and kvroute (8 KB), one extra run each
 #   OUT [out/overhead]  results: overhead.md, results.tsv, raw wrk output, profile reports
 #   KEEP_TMP [0]   1 keeps the temp dir (nginx configs, logs, perf.data)
@@ -31,11 +38,13 @@ set -euo pipefail
 
 DURATION=${DURATION:-8}
 WARMUP=${WARMUP:-2}
-CONNS=${CONNS:-50}
+CONNS=${CONNS:-32}
 THREADS=${THREADS:-1}
 REPEAT=${REPEAT:-1}
-PATHS=${PATHS:-"direct nginx kvroute"}
-BODIES=${BODIES:-"247 8k sse ssechunk"}
+PATHS=${PATHS:-"direct nginx haproxy kvroute kvroute-ca"}
+BODIES=${BODIES:-"247 8k sse ssechunk tau"}
+CA_BODIES=${CA_BODIES:-"tau"}
+TAU_BYTES=${TAU_BYTES:-30000}
 KVROUTE=${KVROUTE:-build/kvroute}
 KVROUTE_ARGS=${KVROUTE_ARGS:-}
 PROFILE=${PROFILE:-1}
@@ -163,6 +172,32 @@ make_body 247 0 "$TMP/body-247.json"
 make_body 8192 0 "$TMP/body-8k.json"
 make_body 247 1 "$TMP/body-sse.json"
 cp "$TMP/body-sse.json" "$TMP/body-ssechunk.json"
+# The multi-turn cell: a tau-bench conversation's longest prefix of whole messages whose chat
+# request stays within TAU_BYTES (the longest such prefix over all conversations).
+TAU_DATA="$HERE/../data/tau-bench-airline-gpt4o/trajectories.jsonl"
+if [[ " $BODIES " == *" tau "* ]]; then
+    if [[ -r $TAU_DATA ]]; then
+        python3 - "$TAU_DATA" "$TAU_BYTES" "$TMP/body-tau.json" <<'PYEOF'
+import json, sys
+src, cap, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+best = b""
+for line in open(src, encoding="utf-8"):
+    msgs = json.loads(line)["messages"]
+    for k in range(2, len(msgs) + 1):
+        body = json.dumps({"model": "m", "messages": msgs[:k], "max_tokens": 16,
+                           "temperature": 0}, separators=(",", ":")).encode()
+        if len(body) > cap:
+            break
+        if len(body) > len(best):
+            best = body
+open(out, "wb").write(best)
+PYEOF
+        TAU_SIZE=$(wc -c <"$TMP/body-tau.json")
+    else
+        BODIES=${BODIES//tau/}
+        log "no $TAU_DATA: skipping the tau cells"
+    fi
+fi
 
 # ---------------------------------------------------------------- stub responses
 # A 285-byte non-streamed chat completion (with usage, so kvroute's usage accounting runs).
@@ -202,8 +237,8 @@ else
     log "echo module not installed: skipping the ssechunk cells"
 fi
 
-read -r P_STUB1 P_STUB2 P_NGX P_NGX_SSE P_KVR P_KVR_CG <<<"$(free_ports 6)"
-[[ -n ${P_KVR_CG:-} ]] || die "could not find free ports"
+read -r P_STUB1 P_STUB2 P_NGX P_NGX_SSE P_KVR P_KVR_CG P_HAP P_KCA <<<"$(free_ports 8)"
+[[ -n ${P_KCA:-} ]] || die "could not find free ports"
 
 ngx_common() { # name: main-context and http-context lines shared by both nginx instances
     local d="$TMP/$1"
@@ -314,13 +349,61 @@ if [[ " $PATHS " == *" nginx "* ]]; then
     NGX_PIDS="$NGX_PID $WORKERS"
 fi
 
+HAP_PIDS=""
+HAP_NOTE=""
+if [[ " $PATHS " == *" haproxy "* ]]; then
+    if ! command -v haproxy >/dev/null; then
+        HAP_NOTE="haproxy not installed (scripts/install-deps.sh installs it)"
+    else
+        mkdir -p "$TMP/haproxy"
+        # One thread like nginx's one worker; HTTP keep-alive to the stubs with connection
+        # reuse ("always": the stubs are ours).
+        cat >"$TMP/haproxy.cfg" <<HAPEOF
+global
+    nbthread 1
+    maxconn 4096
+    pidfile $TMP/haproxy/haproxy.pid
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 75s
+    timeout server 75s
+    timeout http-keep-alive 75s
+    option http-keep-alive
+    http-reuse always
+frontend fe
+    bind 127.0.0.1:$P_HAP
+    default_backend stubs
+backend stubs
+    balance roundrobin
+    server s1 127.0.0.1:$P_STUB1
+    server s2 127.0.0.1:$P_STUB2
+HAPEOF
+        if haproxy -c -q -f "$TMP/haproxy.cfg" >"$TMP/haproxy.test" 2>&1; then
+            log "starting haproxy on 127.0.0.1:$P_HAP"
+            haproxy -db -f "$TMP/haproxy.cfg" >"$TMP/haproxy.out" 2>&1 &
+            HAP_PIDS=$!
+            MAIN_PIDS+=("$HAP_PIDS")
+            if ! wait_http "http://127.0.0.1:$P_HAP/health" 10; then
+                HAP_NOTE="haproxy did not answer"
+                stop_pid "$HAP_PIDS"
+                HAP_PIDS=""
+            fi
+        else
+            HAP_NOTE="haproxy config refused: $(head -c 200 "$TMP/haproxy.test" | tr '\n' ' ')"
+        fi
+    fi
+    [[ -z $HAP_NOTE ]] || log "haproxy cells skipped: $HAP_NOTE"
+fi
+
 KVR_PID=""
 KVR_NOTE=""
-start_kvroute() { # port [wrapper...]: starts kvroute, sets LAST_PID
+KCA_PID=""
+start_kvroute() { # port [wrapper...]: starts kvroute, sets LAST_PID (POLICY: round_robin)
     local port=$1
     shift
     "$@" "$KVROUTE" --worker "http://127.0.0.1:$P_STUB1" --worker "http://127.0.0.1:$P_STUB2" \
-        --model m --policy round_robin --host 127.0.0.1 --port "$port" \
+        --model m --policy "${POLICY:-round_robin}" --host 127.0.0.1 --port "$port" \
         --health-interval-ms 0 --log-level warn $KVROUTE_ARGS >>"$TMP/kvroute-$port.log" 2>&1 &
     LAST_PID=$!
     MAIN_PIDS+=("$LAST_PID")
@@ -340,17 +423,29 @@ if [[ " $PATHS " == *" kvroute "* ]]; then
     fi
     [[ -z $KVR_NOTE ]] || log "kvroute cells skipped: $KVR_NOTE"
 fi
+if [[ " $PATHS " == *" kvroute-ca "* && -x $KVROUTE ]]; then
+    log "starting kvroute --policy cache_aware on 127.0.0.1:$P_KCA"
+    POLICY=cache_aware start_kvroute "$P_KCA"
+    KCA_PID=$LAST_PID
+    if ! wait_http "http://127.0.0.1:$P_KCA/healthz" 10; then
+        log "kvroute-ca cells skipped: it did not answer"
+        stop_pid "$KCA_PID"
+        KCA_PID=""
+    fi
+fi
 
 url_of() { # path body
     case $1 in
     direct) echo "http://127.0.0.1:$P_STUB1/v1/chat/completions" ;;
     nginx) if [[ $2 == sse* ]]; then echo "http://127.0.0.1:$P_NGX_SSE/v1/chat/completions"; else echo "http://127.0.0.1:$P_NGX/v1/chat/completions"; fi ;;
+    haproxy) echo "http://127.0.0.1:$P_HAP/v1/chat/completions" ;;
     kvroute) echo "http://127.0.0.1:$P_KVR/v1/chat/completions" ;;
+    kvroute-ca) echo "http://127.0.0.1:$P_KCA/v1/chat/completions" ;;
     esac
 }
-label() { case $1 in 247) echo "247 B JSON" ;; 8k) echo "8 KB JSON" ;; sse) echo "SSE 20 events (one write)" ;; ssechunk) echo "SSE 20 events (chunked, flush/event)" ;; esac; }
+label() { case $1 in 247) echo "247 B JSON" ;; 8k) echo "8 KB JSON" ;; sse) echo "SSE 20 events (one write)" ;; ssechunk) echo "SSE 20 events (chunked, flush/event)" ;; tau) echo "tau-bench multi-turn, ${TAU_SIZE:-?} B JSON" ;; esac; }
 mode_of() { case $1 in sse | ssechunk) echo "$1" ;; *) echo json ;; esac; }
-proxy_pids_of() { case $1 in nginx) echo "$NGX_PIDS" ;; kvroute) echo "$KVR_PID" ;; *) echo "" ;; esac; }
+proxy_pids_of() { case $1 in nginx) echo "$NGX_PIDS" ;; haproxy) echo "$HAP_PIDS" ;; kvroute) echo "$KVR_PID" ;; kvroute-ca) echo "$KCA_PID" ;; *) echo "" ;; esac; }
 
 check_cell() { # path body: one request by curl; the answer must be the stub's, complete
     local url mode code hdr=() out="$TMP/check.out"
@@ -394,6 +489,11 @@ measure() { # path body rep
     mode=$(mode_of "$body")
     ppids=$(proxy_pids_of "$path")
     if [[ $path == kvroute && -z $KVR_PID ]]; then SKIP[$path/$body]=$KVR_NOTE; return; fi
+    if [[ $path == haproxy && -z $HAP_PIDS ]]; then SKIP[$path/$body]=$HAP_NOTE; return; fi
+    if [[ $path == kvroute-ca ]]; then
+        [[ " $CA_BODIES " == *" $body "* ]] || return 0
+        [[ -n $KCA_PID ]] || { SKIP[$path/$body]="kvroute-ca not running"; return; }
+    fi
     if ! why=$(check_cell "$path" "$body"); then
         SKIP[$path/$body]="check failed: $why"
         log "$path/$body: check failed: $why"
@@ -503,47 +603,51 @@ PROFILE_MD=""
 pct_us() { # cpu_us_per_req: appends "≈ N µs/req" to perf report lines (first % column)
     awk -v c="$1" '/^ *[0-9.]+%/ { p = $1; sub("%", "", p); printf "%s  (≈ %.1f µs/req)\n", $0, p * c / 100 }'
 }
-perf_profile() { # body: profiles kvroute during a run with this body; 1 when perf failed
-    local body=$1 data="$TMP/perf-$1.data" res c0 c1 req cpu kv exe
+perf_profile() { # body [path]: profiles kvroute (or kvroute-ca) during a run; 1 when perf failed
+    local body=$1 path=${2:-kvroute} res c0 c1 req cpu kv exe pid tag
+    tag=$body
+    [[ $path == kvroute ]] || tag="$path-$body"
+    local data="$TMP/perf-$tag.data"
+    pid=$(proxy_pids_of "$path")
     exe=$(basename "$KVROUTE")
-    run_wrk "$(url_of kvroute "$body")" "$(mode_of "$body")" "$body" 1 "$CONNS" \
-        "$OUT/wrk-profile-$body-warmup.txt" >/dev/null
-    log "perf record -p $KVR_PID during a $body run (${DURATION}s)"
-    timeout $((DURATION + 30)) perf record -F 999 --call-graph dwarf,16384 -p "$KVR_PID" \
-        -o "$data" -- sleep "$DURATION" >"$TMP/perf-record-$body.log" 2>&1 &
+    run_wrk "$(url_of "$path" "$body")" "$(mode_of "$body")" "$body" 1 "$CONNS" \
+        "$OUT/wrk-profile-$tag-warmup.txt" >/dev/null
+    log "perf record -p $pid during a $body run (${DURATION}s)"
+    timeout $((DURATION + 30)) perf record -F 999 --call-graph dwarf,16384 -p "$pid" \
+        -o "$data" -- sleep "$DURATION" >"$TMP/perf-record-$tag.log" 2>&1 &
     PERF_PID=$!
     MAIN_PIDS+=("$PERF_PID")
     sleep 0.3
-    c0=$(cpu_ticks "$KVR_PID")
-    res=$(run_wrk "$(url_of kvroute "$body")" "$(mode_of "$body")" "$body" "$((DURATION - 1))" \
-        "$CONNS" "$OUT/wrk-profile-$body.txt")
-    c1=$(cpu_ticks "$KVR_PID")
+    c0=$(cpu_ticks "$pid")
+    res=$(run_wrk "$(url_of "$path" "$body")" "$(mode_of "$body")" "$body" "$((DURATION - 1))" \
+        "$CONNS" "$OUT/wrk-profile-$tag.txt")
+    c1=$(cpu_ticks "$pid")
     wait "$PERF_PID" 2>/dev/null || true
     forget_pid "$PERF_PID"
     req=0
     for kv in $res; do [[ $kv == requests=* ]] && req=${kv#requests=}; done
     if [[ ! -s $data ]] || ! perf report -i "$data" --stdio --no-children --sort dso \
-        >"$OUT/perf-$body-dso.txt" 2>/dev/null || ((req == 0)); then
-        log "perf failed: $(tail -c 300 "$TMP/perf-record-$body.log" | tr '\n' ' ')"
+        >"$OUT/perf-$tag-dso.txt" 2>/dev/null || ((req == 0)); then
+        log "perf failed: $(tail -c 300 "$TMP/perf-record-$tag.log" | tr '\n' ' ')"
         return 1
     fi
     cpu=$(awk -v c="$((c1 - c0))" -v t="$CLK_TCK" -v r="$req" 'BEGIN { printf "%.1f", c * 1e6 / t / r }')
     perf report -i "$data" --stdio --no-children --sort dso,symbol -g none --percent-limit 0.2 \
-        >"$OUT/perf-$body-self.txt" 2>/dev/null || true
+        >"$OUT/perf-$tag-self.txt" 2>/dev/null || true
     perf report -i "$data" --stdio --children --sort dso,symbol -g none --percent-limit 0.5 \
-        >"$OUT/perf-$body-children.txt" 2>/dev/null || true
+        >"$OUT/perf-$tag-children.txt" 2>/dev/null || true
     perf report -i "$data" --stdio --no-children --sort dso,symbol \
         -g caller,0.5,callee,function,percent --percent-limit 1 \
-        >"$OUT/perf-$body-callers.txt" 2>/dev/null || true
-    PROFILE_MD+=$'\n'"**kvroute, $(label "$body")** — \`perf record -F 999 --call-graph dwarf -p <kvroute>\`;"
+        >"$OUT/perf-$tag-callers.txt" 2>/dev/null || true
+    PROFILE_MD+=$'\n'"**$path, $(label "$body")** — \`perf record -F 999 --call-graph dwarf -p <kvroute>\`;"
     PROFILE_MD+=" $req requests in $((DURATION - 1)) s under perf, kvroute CPU $cpu µs/req."$'\n\n'
     PROFILE_MD+=$'Self time by library:\n\n```\n'
-    PROFILE_MD+=$(pct_us "$cpu" <"$OUT/perf-$body-dso.txt" | head -10)
+    PROFILE_MD+=$(pct_us "$cpu" <"$OUT/perf-$tag-dso.txt" | head -10)
     PROFILE_MD+=$'\n```\n\nTop functions by self time (unnamed addresses are static functions of stripped Debian libraries):\n\n```\n'
-    PROFILE_MD+=$(pct_us "$cpu" <"$OUT/perf-$body-self.txt" | sed 's/  *- *- *  (/  (/' | head -25)
+    PROFILE_MD+=$(pct_us "$cpu" <"$OUT/perf-$tag-self.txt" | sed 's/  *- *- *  (/  (/' | head -25)
     PROFILE_MD+=$'\n```\n\nInclusive time of kvroute functions and library entry points (children):\n\n```\n'
     PROFILE_MD+=$(awk -v exe="$exe" '/^ *[0-9.]+%/ && ($3 == exe || $5 ~ /^(json_loadb|json_dumps|curl_multi_socket_action|curl_multi_add_handle|curl_multi_remove_handle|curl_multi_info_read|curl_easy_setopt|curl_easy_pause|http_parser_execute|uv_write|uv_try_write|uv__io_poll|epoll_wait|malloc|free)$/)' \
-        "$OUT/perf-$body-children.txt" | pct_us "$cpu" | sed 's/  *- *- *  (/  (/' | head -40)
+        "$OUT/perf-$tag-children.txt" | pct_us "$cpu" | sed 's/  *- *- *  (/  (/' | head -40)
     PROFILE_MD+=$'\n```\n'
     return 0
 }
@@ -556,6 +660,11 @@ if [[ $PROFILE == 1 && -n $KVR_PID ]]; then
         for body in $PROFILE_BODIES; do
             if [[ " $BODIES " != *" $body "* || -n ${SKIP[kvroute/$body]:-} ]]; then continue; fi
             perf_profile "$body" || { PROFILE_TOOL=""; break; }
+        done
+        for body in ${PROFILE_CA_BODIES:-tau}; do
+            [[ -n $PROFILE_TOOL && -n $KCA_PID && " $BODIES " == *" $body "* ]] || continue
+            [[ -z ${SKIP[kvroute-ca/$body]:-} ]] || continue
+            perf_profile "$body" kvroute-ca || PROFILE_TOOL=""
         done
     fi
     if [[ -z $PROFILE_TOOL ]] && command -v valgrind >/dev/null; then
@@ -600,6 +709,7 @@ median_row() { # path body: the result row with the median req/s among the repea
     echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     for body in $BODIES; do
         for path in $PATHS; do
+            [[ $path != kvroute-ca || " $CA_BODIES " == *" $body "* ]] || continue
             row=$(median_row "$path" "$body")
             if [[ -n $row ]]; then
                 echo "$row" | awk -F'\t' -v l="$(label "$body")" \
@@ -609,22 +719,25 @@ median_row() { # path body: the result row with the median req/s among the repea
             fi
         done
     done
-    if [[ " $PATHS " == *" nginx "* && " $PATHS " == *" kvroute "* ]]; then
+    if [[ " $PATHS " == *" nginx "* ]]; then
         echo
-        echo "| kvroute / nginx | req/s | p50 | p99 | proxy CPU per request | req/s one core sustains (10⁶ / CPU µs): kvroute vs nginx |"
-        echo "|---|---:|---:|---:|---:|---|"
+        echo "Ratios to nginx in the same cell (kvroute-ca: cache_aware against nginx's round robin):"
+        echo
+        echo "| path / nginx | cell | req/s | p50 | p99 | proxy CPU per request | req/s one core sustains (10⁶ / CPU µs): path vs nginx |"
+        echo "|---|---|---:|---:|---:|---:|---|"
         for body in $BODIES; do
             n=$(median_row nginx "$body")
-            k=$(median_row kvroute "$body")
-            if [[ -n $n && -n $k ]]; then
-                printf '%s\n%s\n' "$n" "$k" | awk -F'\t' -v l="$(label "$body")" '
+            [[ -n $n ]] || continue
+            for path in kvroute kvroute-ca haproxy; do
+                [[ " $PATHS " == *" $path "* ]] || continue
+                k=$(median_row "$path" "$body")
+                [[ -n $k ]] || continue
+                printf '%s\n%s\n' "$n" "$k" | awk -F'\t' -v l="$(label "$body")" -v p="$path" '
                     NR == 1 {r = $4; a = $5; b = $6; c = $7}
-                    NR == 2 {printf "| %s | %.2f× | %.2f× | %.2f× | %s | %s |\n", l, $4 / r, $5 / a, $6 / b,
+                    NR == 2 {printf "| %s | %s | %.2f× | %.2f× | %.2f× | %s | %s |\n", p, l, $4 / r, $5 / a, $6 / b,
                              (c + 0 > 0 && $7 != "-") ? sprintf("%.2f×", $7 / c) : "-",
                              (c + 0 > 0 && $7 + 0 > 0) ? sprintf("%.1f k vs %.1f k", 1000 / $7, 1000 / c) : "-"}'
-            else
-                echo "| $(label "$body") | n/a | | | | |"
-            fi
+            done
         done
     fi
     printf '%s' "$SYSCALL_MD"

@@ -7,6 +7,7 @@
 #include "obs/access_log.h"
 #include "obs/status_stats.h"
 #include "proxy/access_line.h"
+#include "util/fmt.h"
 #include "util/oai_error.h"
 #include "util/time.h"
 
@@ -36,8 +37,8 @@ static void unrouted_done(kvr_app *app, kvr_http_req *r, int status)
 
 void kvr_reply_count(kvr_app *app, kvr_http_req *r, const char *model, int status)
 {
-    char code[8];
-    snprintf(code, sizeof(code), "%d", status);
+    char code[KVR_FMT_U64_MAX];
+    kvr_fmt_u64(code, (uint64_t)(status < 0 ? 0 : status));
     const char *path = kvr_http_req_endpoint(r);
     const char *key = kvr_http_req_tag(r);
     const char *lv[] = {model ? model : "", path, code, key ? key : "-"};

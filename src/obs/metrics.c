@@ -40,6 +40,11 @@ struct kvr_metric {
     size_t n, cap;
     series **table; /* open addressing, linear probing; tcap is a power of two, load <= 1/2 */
     size_t tcap;
+    /* Series last used from each call site, slotted by the addresses of the label values:
+     * a call site passes the same strings (a worker's URL, a route's model) request after
+     * request, so a hit costs one strcmp per label instead of hashing every byte. Checked by
+     * content, so a reused stack buffer with other text only misses. */
+    series *memo[8];
 };
 
 typedef struct hook {
@@ -208,8 +213,38 @@ static series *series_new(const kvr_metric *m, uint64_t h, const char *const *va
     return s;
 }
 
+static size_t memo_slot(size_t n, const char *const *values)
+{
+    uint64_t h = 0;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (uint64_t)(uintptr_t)val_at(values, i)) * 0x9e3779b97f4a7c15ULL;
+    return (size_t)(h >> 61);
+}
+
+static bool memo_matches(const kvr_metric *m, const series *s, const char *const *values)
+{
+    for (size_t i = 0; i < m->nlabels; i++)
+        if (strcmp(s->values[i], val_at(values, i)) != 0)
+            return false;
+    return true;
+}
+
+static series *lookup_table(kvr_metric *m, const char *const *values, bool create);
+
 /* Finds the series for `values`; with `create`, makes it when absent (NULL only on OOM). */
 static series *lookup(kvr_metric *m, const char *const *values, bool create)
+{
+    size_t slot = memo_slot(m->nlabels, values);
+    series *s = m->memo[slot];
+    if (s && memo_matches(m, s, values))
+        return s;
+    s = lookup_table(m, values, create);
+    if (s)
+        m->memo[slot] = s;
+    return s;
+}
+
+static series *lookup_table(kvr_metric *m, const char *const *values, bool create)
 {
     uint64_t h = hash_values(m->nlabels, values);
     size_t mask = m->tcap - 1;
@@ -463,6 +498,7 @@ void kvr_metric_remove_matching(kvr_metric *m, const char *label, const char *va
     if (kept == m->n)
         return;
     m->n = kept;
+    memset(m->memo, 0, sizeof(m->memo));
     memset(m->table, 0, m->tcap * sizeof(series *));
     for (size_t i = 0; i < m->n; i++)
         table_insert(m->table, m->tcap, m->list[i]);

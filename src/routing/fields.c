@@ -36,6 +36,53 @@ static long name_index(const kvr_body_fields *f, const char *name, size_t n)
     return -1;
 }
 
+/* Which first segments a source list adds to the fixed names (those not already looked
+ * for), worked out once per distinct list: the router passes the same configured list request
+ * after request, and matching every body path against every name cost ~1,700 instructions a
+ * request. */
+static struct {
+    int valid;
+    kvr_session_sources src;
+    size_t nseg;
+    unsigned char from[KVR_SESSION_SOURCES_MAX]; /* the source each segment comes from */
+    unsigned char len[KVR_SESSION_SOURCES_MAX];  /* its first segment's length */
+} g_plan;
+
+static int same_sources(const kvr_session_sources *a, const kvr_session_sources *b)
+{
+    if (a->n != b->n)
+        return 0;
+    for (size_t i = 0; i < a->n; i++)
+        if (a->src[i].header != b->src[i].header || strcmp(a->src[i].name, b->src[i].name))
+            return 0;
+    return 1;
+}
+
+static void plan(kvr_body_fields *f, const kvr_session_sources *src)
+{
+    g_plan.valid = 0;
+    g_plan.nseg = 0;
+    for (size_t i = 0; i < src->n && i < KVR_SESSION_SOURCES_MAX; i++) {
+        const kvr_session_source *s = &src->src[i];
+        if (s->header)
+            continue;
+        const char *dot = strchr(s->name, '.');
+        size_t n = dot ? (size_t)(dot - s->name) : strlen(s->name);
+        if (name_index(f, s->name, n) >= 0 || g_plan.nseg == KVR_SESSION_SOURCES_MAX)
+            continue;
+        size_t k = g_plan.nseg++;
+        g_plan.from[k] = (unsigned char)i;
+        g_plan.len[k] = (unsigned char)n;
+        /* later sources are matched against this one too */
+        memcpy(f->seg[k], s->name, n);
+        f->seg[k][n] = '\0';
+        f->names[f->n++] = f->seg[k];
+    }
+    f->n = KVR_FIELD_COUNT;
+    g_plan.src = *src;
+    g_plan.valid = 1;
+}
+
 int kvr_body_fields_scan(kvr_body_fields *f, const char *buf, size_t len,
                          const kvr_session_sources *src)
 {
@@ -48,18 +95,12 @@ int kvr_body_fields_scan(kvr_body_fields *f, const char *buf, size_t len,
     f->len = len;
     f->n = KVR_FIELD_COUNT;
     memcpy(f->names, g_fixed, sizeof(g_fixed));
-    size_t nseg = 0;
-    for (size_t i = 0; i < src->n; i++) {
-        const kvr_session_source *s = &src->src[i];
-        if (s->header)
-            continue;
-        const char *dot = strchr(s->name, '.');
-        size_t n = dot ? (size_t)(dot - s->name) : strlen(s->name);
-        if (name_index(f, s->name, n) >= 0 || nseg == KVR_SESSION_SOURCES_MAX)
-            continue;
-        memcpy(f->seg[nseg], s->name, n);
-        f->seg[nseg][n] = '\0';
-        f->names[f->n++] = f->seg[nseg++];
+    if (!g_plan.valid || !same_sources(&g_plan.src, src))
+        plan(f, src);
+    for (size_t k = 0; k < g_plan.nseg; k++) {
+        memcpy(f->seg[k], src->src[g_plan.from[k]].name, g_plan.len[k]);
+        f->seg[k][g_plan.len[k]] = '\0';
+        f->names[f->n++] = f->seg[k];
     }
     int top = kvr_json_scan(buf, len, f->names, f->n, f->v);
     f->object = top == KVR_JSON_OBJECT;

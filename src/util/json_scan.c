@@ -85,13 +85,62 @@ static inline const unsigned char *skip_plain(const unsigned char *p, const unsi
     return p;
 }
 
+/* The one-letter escapes of RFC 8259 §7 (everything but \u). */
+static const unsigned char g_simple_escape[256] = {
+    ['"'] = 1, ['\\'] = 1, ['/'] = 1, ['b'] = 1, ['f'] = 1, ['n'] = 1, ['r'] = 1, ['t'] = 1,
+};
+
+static inline int simple_escape(unsigned char e)
+{
+    return g_simple_escape[e];
+}
+
 /* A string at p (its opening quote): returns the byte after its closing quote, or NULL when it
  * is not a valid string (RFC 8259 §7, §8.1, jansson's rules). *esc = 1 when it has escapes. */
 static const unsigned char *string(const unsigned char *p, const unsigned char *end, int *esc)
 {
     p++;
     for (;;) {
-        p = skip_plain(p, end);
+#if defined(__SSE2__)
+        /* 16 bytes at a time; the special bytes of a block are handled from its mask without
+         * reloading it: agent conversations hold an escape every ~13 bytes (\n, \" in tool
+         * arguments), and leaving the vector loop at each one cost more than the bytes
+         * between. A \u escape or anything invalid is left to the scalar step below. */
+        const __m128i quote = _mm_set1_epi8('"'), bslash = _mm_set1_epi8('\\'),
+                      space = _mm_set1_epi8(0x20);
+        int slow = 0;
+        while (!slow && end - p >= 16) {
+            __m128i v = _mm_loadu_si128((const __m128i *)(const void *)p);
+            __m128i m = _mm_or_si128(
+                _mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, bslash)),
+                _mm_cmplt_epi8(v, space)); /* signed: bytes >= 0x80 count as < 0x20 */
+            unsigned bits = (unsigned)_mm_movemask_epi8(m);
+            const unsigned char *next = p + 16;
+            while (bits) {
+                unsigned i = (unsigned)__builtin_ctz(bits);
+                const unsigned char *q = p + i;
+                unsigned k; /* bytes the special occupies */
+                if (*q == '"')
+                    return q + 1;
+                if (*q == '\\' && end - q >= 2 && simple_escape(q[1])) {
+                    *esc = 1;
+                    k = 2;
+                } else if (*q < 0x80 || (k = (unsigned)json_utf8_seq(q, end)) == 0) {
+                    next = q;
+                    slow = 1;
+                    break;
+                }
+                if (i + k >= 16) {
+                    next = q + k;
+                    break;
+                }
+                bits &= ~((1u << (i + k)) - 1);
+            }
+            p = next;
+        }
+        if (!slow)
+#endif
+            p = skip_plain(p, end);
         if (p >= end)
             return NULL;
         unsigned char c = *p;
@@ -109,8 +158,7 @@ static const unsigned char *string(const unsigned char *p, const unsigned char *
         *esc = 1;
         unsigned char e = p[1];
         p += 2;
-        if (e == '"' || e == '\\' || e == '/' || e == 'b' || e == 'f' || e == 'n' || e == 'r' ||
-            e == 't')
+        if (simple_escape(e))
             continue;
         uint32_t cp, lo;
         if (e != 'u' || end - p < 4 || json_hex4(p, &cp) < 0)

@@ -235,8 +235,12 @@ int kvr_worker_url(const kvr_worker *w, const char *path, char *out, size_t cap)
     size_t bl = strlen(w->url);
     while (bl > 7 && w->url[bl - 1] == '/')
         bl--;
-    int n = snprintf(out, cap, "%.*s%s", (int)bl, w->url, path);
-    return (n < 0 || (size_t)n >= cap) ? -1 : 0;
+    size_t pl = strlen(path);
+    if (bl + pl >= cap)
+        return -1;
+    memcpy(out, w->url, bl);
+    memcpy(out + bl, path, pl + 1);
+    return 0;
 }
 
 static const char *const g_roles[] = {[KVR_ROLE_BOTH] = "both", [KVR_ROLE_PREFILL] = "prefill",
