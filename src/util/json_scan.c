@@ -133,9 +133,9 @@ static size_t decode(const unsigned char *p, const unsigned char *end, char *out
 {
     size_t n = 0;
     while (p < end) {
-        const unsigned char *q = p;
-        while (q < end && *q != '\\')
-            q++;
+        const unsigned char *q = memchr(p, '\\', (size_t)(end - p));
+        if (!q)
+            q = end;
         size_t run = (size_t)(q - p);
         if (n < cap)
             memcpy(out + n, p, run < cap - n ? run : cap - n);
@@ -531,22 +531,37 @@ int kvr_json_span_member(const char *buf, const kvr_json_span *obj, const char *
     return 1;
 }
 
+/* The end of the string at p (its opening quote) in text already validated, skipped in
+ * bulk; *esc = 1 when it holds an escape. Never reads at or past `end`. */
+static const unsigned char *skip_string_valid(const unsigned char *p, const unsigned char *end,
+                                              int *esc)
+{
+    p++;
+    for (;;) {
+        p = skip_plain(p, end);
+        if (p >= end)
+            return end;
+        if (*p == '"')
+            return p + 1;
+        if (*p == '\\') {
+            *esc = 1;
+            p += 2; /* an escape never ends the string */
+        } else {
+            p++; /* UTF-8 */
+        }
+    }
+}
+
 /* The end of the value at p in text already validated: strings skipped in bulk, containers
  * by depth. */
 static const unsigned char *skip_valid(const unsigned char *p, const unsigned char *end)
 {
     size_t depth = 0;
+    int esc;
     do {
         unsigned char c = *p;
         if (c == '"') {
-            p++;
-            for (;;) {
-                p = skip_plain(p, end);
-                if (p >= end || *p == '"')
-                    break;
-                p += *p == '\\' ? 2 : 1; /* an escape (never ends the string), or UTF-8 */
-            }
-            p++;
+            p = skip_string_valid(p, end, &esc);
         } else if (c == '{' || c == '[') {
             depth++;
             p++;
@@ -557,44 +572,130 @@ static const unsigned char *skip_valid(const unsigned char *p, const unsigned ch
             p++;
         } else { /* a number or a literal */
             while (p < end && *p != ',' && *p != '}' && *p != ']' && *p != ' ' && *p != '\t' &&
-                   *p != '\n' && *p != '\r')
+                   *p != '\n' && *p != '\r' && *p != ':')
                 p++;
         }
     } while (depth && p < end);
     return p;
 }
 
-int kvr_json_span_first(const char *buf, const kvr_json_span *arr, kvr_json_span *out)
+/* The value at p (validated text, p < end) into *out: kind, offsets from b, an integer's
+ * value, a string's `escaped`. Returns the byte after it. */
+static const unsigned char *describe(const unsigned char *b, const unsigned char *p,
+                                     const unsigned char *end, kvr_json_span *out)
 {
+    const unsigned char *e;
+    int esc = 0;
     memset(out, 0, sizeof(*out));
-    if (arr->kind != KVR_JSON_ARRAY)
-        return 0;
-    const unsigned char *b = (const unsigned char *)buf, *end = b + arr->off + arr->len;
-    const unsigned char *p = ws(b + arr->off + 1, end);
-    if (p >= end || *p == ']')
-        return 0;
-    const unsigned char *e = skip_valid(p, end);
-    out->off = (size_t)(p - b);
-    out->len = (size_t)(e - p);
     switch (*p) {
-    case '{': out->kind = KVR_JSON_OBJECT; break;
-    case '[': out->kind = KVR_JSON_ARRAY; break;
-    case 't': out->kind = KVR_JSON_TRUE; break;
-    case 'f': out->kind = KVR_JSON_FALSE; break;
-    case 'n': out->kind = KVR_JSON_NULL; break;
+    case '{': out->kind = KVR_JSON_OBJECT; e = skip_valid(p, end); break;
+    case '[': out->kind = KVR_JSON_ARRAY; e = skip_valid(p, end); break;
     case '"':
         out->kind = KVR_JSON_STRING;
-        out->escaped = memchr(p, '\\', out->len) != NULL;
+        e = skip_string_valid(p, end, &esc);
+        out->escaped = esc;
         break;
+    case 't': out->kind = KVR_JSON_TRUE; e = skip_valid(p, end); break;
+    case 'f': out->kind = KVR_JSON_FALSE; e = skip_valid(p, end); break;
+    case 'n': out->kind = KVR_JSON_NULL; e = skip_valid(p, end); break;
     default: {
         long long ival = 0;
         kvr_json_kind k = KVR_JSON_REAL;
+        e = skip_valid(p, end);
         number(p, e, &k, &ival);
         out->kind = k;
         out->ival = ival;
     }
     }
+    out->off = (size_t)(p - b);
+    out->len = (size_t)(e - p);
+    return e;
+}
+
+int kvr_json_iter_init(kvr_json_iter *it, const char *buf, const kvr_json_span *v)
+{
+    memset(it, 0, sizeof(*it));
+    it->buf = buf;
+    if ((v->kind != KVR_JSON_ARRAY && v->kind != KVR_JSON_OBJECT) || v->len < 2)
+        return 0;
+    it->object = v->kind == KVR_JSON_OBJECT;
+    it->pos = v->off + 1;
+    it->end = v->off + v->len - 1; /* the closing bracket */
     return 1;
+}
+
+int kvr_json_iter_next(kvr_json_iter *it, kvr_json_span *name, kvr_json_span *val)
+{
+    const unsigned char *b = (const unsigned char *)it->buf, *end = b + it->end;
+    const unsigned char *p = ws(b + it->pos, end);
+    if (p < end && *p == ',')
+        p = ws(p + 1, end);
+    if (p >= end) {
+        it->pos = it->end;
+        return 0;
+    }
+    if (it->object) {
+        kvr_json_span k;
+        p = ws(describe(b, p, end, &k), end);
+        if (name)
+            *name = k;
+        if (p < end) /* the ':' */
+            p = ws(p + 1, end);
+        if (p >= end) { /* not an object member: cannot happen in validated text */
+            it->pos = it->end;
+            return 0;
+        }
+    }
+    kvr_json_span v;
+    p = describe(b, p, end, &v);
+    if (val)
+        *val = v;
+    it->pos = (size_t)(p - b);
+    return 1;
+}
+
+int kvr_json_span_is(const char *buf, const kvr_json_span *s, const char *str)
+{
+    if (s->kind != KVR_JSON_STRING || s->len < 2)
+        return 0;
+    const unsigned char *p = (const unsigned char *)buf + s->off + 1, *e = p + s->len - 2;
+    if (!s->escaped) {
+        size_t n = s->len - 2;
+        return strncmp(str, (const char *)p, n) == 0 && str[n] == '\0';
+    }
+    size_t n = strlen(str);
+    if (n > KVR_JSON_SCAN_NAME_MAX)
+        return 0;
+    return key_is(p, e, 1, str);
+}
+
+size_t kvr_json_span_members(const char *buf, const kvr_json_span *obj,
+                             const char *const *names, size_t n, kvr_json_span *out)
+{
+    size_t found = 0;
+    for (size_t i = 0; i < n; i++)
+        memset(&out[i], 0, sizeof(out[i]));
+    kvr_json_iter it;
+    if (obj->kind != KVR_JSON_OBJECT || !kvr_json_iter_init(&it, buf, obj))
+        return 0;
+    kvr_json_span k, v;
+    while (kvr_json_iter_next(&it, &k, &v))
+        for (size_t i = 0; i < n; i++)
+            if (kvr_json_span_is(buf, &k, names[i])) {
+                found += out[i].kind == KVR_JSON_ABSENT;
+                out[i] = v;
+                break;
+            }
+    return found;
+}
+
+int kvr_json_span_first(const char *buf, const kvr_json_span *arr, kvr_json_span *out)
+{
+    kvr_json_iter it;
+    memset(out, 0, sizeof(*out));
+    if (arr->kind != KVR_JSON_ARRAY || !kvr_json_iter_init(&it, buf, arr))
+        return 0;
+    return kvr_json_iter_next(&it, NULL, out);
 }
 
 size_t kvr_json_span_string(const char *buf, const kvr_json_span *s, char *out, size_t cap)
