@@ -67,13 +67,16 @@ static void put_string(ctx *c, const kvr_json_span *s)
     if (done(c))
         return;
     if (c->scap < s->len) { /* decoded bytes never outnumber the quoted ones */
-        char *p = realloc(c->scratch, s->len);
-        if (!p) {
+        size_t n = c->scap ? c->scap : 4096;
+        while (n < s->len)
+            n *= 2;
+        free(c->scratch); /* nothing to keep: no realloc copy */
+        if (!(c->scratch = malloc(n))) {
+            c->scap = 0;
             c->w.oom = 1;
             return;
         }
-        c->scratch = p;
-        c->scap = s->len;
+        c->scap = n;
     }
     size_t n = kvr_json_span_string(c->buf, s, c->scratch, c->scap);
     kvr_text_put(&c->w, c->scratch, n);
@@ -148,15 +151,17 @@ static void put_content(ctx *c, const kvr_json_span *content)
         return;
     }
     static const char *const names[] = {"type", "text"};
-    kvr_json_iter it;
+    kvr_json_iter it, in;
     kvr_json_span part, m[2];
     kvr_json_iter_init(&it, c->buf, content);
-    while (!done(c) && kvr_json_iter_next(&it, NULL, &part)) {
+    while (!done(c) && kvr_json_iter_descend(&it, &part, &in)) {
         if (part.kind == KVR_JSON_STRING) {
             put_text_field(c, &part);
             continue;
         }
-        kvr_json_span_members(c->buf, &part, names, 2, m); /* none when no object */
+        kvr_json_iter_members(&in, names, 2, m); /* none when no object */
+        if (part.kind == KVR_JSON_OBJECT)
+            part.len = it.pos - part.off; /* known now that `in` ended */
         if (m[1].kind == KVR_JSON_STRING && is_text_part_type(c, &m[0])) {
             put_text_field(c, &m[1]);
             continue;
@@ -179,7 +184,8 @@ static void put_call(ctx *c, const kvr_json_span *fn)
 
 enum { M_ROLE, M_NAME, M_TOOL_CALL_ID, M_CONTENT, M_TOOL_CALLS, M_FUNCTION_CALL, M_COUNT };
 
-static void put_message(ctx *c, const kvr_json_span *msg)
+/* A message: `msg` as kvr_json_iter_descend() gave it, `in` its members when an object. */
+static void put_message(ctx *c, const kvr_json_span *msg, kvr_json_iter *in)
 {
     static const char *const names[M_COUNT] = {
         [M_ROLE] = "role",           [M_NAME] = "name",
@@ -193,7 +199,7 @@ static void put_message(ctx *c, const kvr_json_span *msg)
         return;
     }
     kvr_json_span m[M_COUNT];
-    kvr_json_span_members(c->buf, msg, names, M_COUNT, m);
+    kvr_json_iter_members(in, names, M_COUNT, m);
     kvr_text_putc(&c->w, KVR_TEXT_RS);
     if (m[M_ROLE].kind == KVR_JSON_STRING)
         put_string(c, &m[M_ROLE]);
@@ -209,17 +215,18 @@ static void put_message(ctx *c, const kvr_json_span *msg)
     }
     put_content(c, &m[M_CONTENT]);
     static const char *const fn_name = "function";
-    kvr_json_iter it;
+    kvr_json_iter it = {0}, tin; /* a zeroed iterator has nothing to give */
     kvr_json_span tc, fn;
-    if (m[M_TOOL_CALLS].kind == KVR_JSON_ARRAY) {
+    if (m[M_TOOL_CALLS].kind == KVR_JSON_ARRAY)
         kvr_json_iter_init(&it, c->buf, &m[M_TOOL_CALLS]);
-        while (!done(c) && kvr_json_iter_next(&it, NULL, &tc)) {
-            if (kvr_json_span_members(c->buf, &tc, &fn_name, 1, &fn) &&
-                fn.kind == KVR_JSON_OBJECT)
-                put_call(c, &fn);
-            else
-                put_digest(c, &tc);
-        }
+    while (!done(c) && kvr_json_iter_descend(&it, &tc, &tin)) {
+        kvr_json_iter_members(&tin, &fn_name, 1, &fn);
+        if (tc.kind == KVR_JSON_OBJECT)
+            tc.len = it.pos - tc.off;
+        if (fn.kind == KVR_JSON_OBJECT)
+            put_call(c, &fn);
+        else
+            put_digest(c, &tc);
     }
     if (m[M_FUNCTION_CALL].kind == KVR_JSON_OBJECT)
         put_call(c, &m[M_FUNCTION_CALL]);
@@ -327,13 +334,20 @@ int kvr_route_text_scan(const char *buf, const kvr_json_span *tools,
                         kvr_text_cache *cache, kvr_buf *out)
 {
     ctx c = {.w = {.b = out}, .buf = buf};
+    /* The text is about as long as the messages as written: one allocation up front rather
+     * than a copy per doubling. */
+    if (messages->kind == KVR_JSON_ARRAY && kvr_buf_reserve(out, messages->len) < 0)
+        return -1;
     put_tools(&c, tools, functions, cache);
-    kvr_json_iter it = {0}; /* a zeroed iterator has nothing to give */
+    kvr_json_iter it = {0}, in; /* a zeroed iterator has nothing to give */
     kvr_json_span m;
     if (messages->kind == KVR_JSON_ARRAY) /* anything else: no message, as the tree */
         kvr_json_iter_init(&it, buf, messages);
-    while (!done(&c) && kvr_json_iter_next(&it, NULL, &m))
-        put_message(&c, &m);
+    while (!done(&c) && kvr_json_iter_descend(&it, &m, &in)) {
+        put_message(&c, &m, &in);
+        if (in.parent) /* `in` not walked to its end (cannot happen): leave the walk */
+            break;
+    }
     return finish(&c);
 }
 

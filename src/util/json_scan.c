@@ -43,29 +43,35 @@ static inline const unsigned char *ws(const unsigned char *p, const unsigned cha
 }
 
 #if !defined(__SSE2__)
-/* Nonzero when one of the 8 bytes is '"', '\\', < 0x20 or >= 0x80 (no false negatives). */
-static inline uint64_t special8(uint64_t v)
+/* Nonzero when one of the 8 bytes is '"', '\\' or, unless `valid`, < 0x20 or >= 0x80 (no
+ * false negatives). */
+static inline uint64_t special8(uint64_t v, int valid)
 {
     const uint64_t ones = 0x0101010101010101ull, high = 0x8080808080808080ull;
     uint64_t q = v ^ (ones * '"'), b = v ^ (ones * '\\');
-    uint64_t ctl = (v - ones * 0x20) & ~v;
     q = (q - ones) & ~q;
     b = (b - ones) & ~b;
+    if (valid)
+        return (q | b) & high;
+    uint64_t ctl = (v - ones * 0x20) & ~v;
     return (v | ctl | q | b) & high;
 }
 #endif
 
-/* Skips the plain bytes of a string (none of '"', '\\', < 0x20, >= 0x80) in bulk. */
-static inline const unsigned char *skip_plain(const unsigned char *p, const unsigned char *end)
+/* Skips the plain bytes of a string in bulk: none of '"', '\\' and, unless `valid` (text
+ * already validated, where UTF-8 and control bytes need no check), < 0x20 or >= 0x80.
+ * `valid` is a constant at every call, so each use compiles to its own loop. */
+static inline const unsigned char *skip_bytes(const unsigned char *p, const unsigned char *end,
+                                              int valid)
 {
 #if defined(__SSE2__)
     const __m128i quote = _mm_set1_epi8('"'), bslash = _mm_set1_epi8('\\'),
                   space = _mm_set1_epi8(0x20);
     while (end - p >= 16) {
         __m128i v = _mm_loadu_si128((const __m128i *)(const void *)p);
-        /* signed: bytes >= 0x80 are negative, so "< 0x20" also catches them */
-        __m128i m = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, bslash)),
-                                 _mm_cmplt_epi8(v, space));
+        __m128i m = _mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, bslash));
+        if (!valid) /* signed: bytes >= 0x80 are negative, so "< 0x20" also catches them */
+            m = _mm_or_si128(m, _mm_cmplt_epi8(v, space));
         int bits = _mm_movemask_epi8(m);
         if (bits)
             return p + __builtin_ctz((unsigned)bits);
@@ -75,14 +81,20 @@ static inline const unsigned char *skip_plain(const unsigned char *p, const unsi
     while (end - p >= 8) {
         uint64_t v;
         memcpy(&v, p, 8);
-        if (special8(v))
+        if (special8(v, valid))
             break;
         p += 8;
     }
 #endif
-    while (p < end && *p >= 0x20 && *p < 0x80 && *p != '"' && *p != '\\')
+    while (p < end && *p != '"' && *p != '\\' && (valid || (*p >= 0x20 && *p < 0x80)))
         p++;
     return p;
+}
+
+/* Skips the plain bytes of a string being validated. */
+static inline const unsigned char *skip_plain(const unsigned char *p, const unsigned char *end)
+{
+    return skip_bytes(p, end, 0);
 }
 
 /* A string at p (its opening quote): returns the byte after its closing quote, or NULL when it
@@ -133,9 +145,9 @@ static size_t decode(const unsigned char *p, const unsigned char *end, char *out
 {
     size_t n = 0;
     while (p < end) {
-        const unsigned char *q = memchr(p, '\\', (size_t)(end - p));
-        if (!q)
-            q = end;
+        /* the next backslash: a quote in a valid string body is escaped, so the skip stops
+         * only at backslashes (inline, which beats a call per run between escapes) */
+        const unsigned char *q = skip_bytes(p, end, 1);
         size_t run = (size_t)(q - p);
         if (n < cap)
             memcpy(out + n, p, run < cap - n ? run : cap - n);
@@ -537,18 +549,39 @@ static const unsigned char *skip_string_valid(const unsigned char *p, const unsi
                                               int *esc)
 {
     p++;
+#if defined(__SSE2__)
+    /* 16 bytes a step, escapes included: a block whose backslashes stand alone (none next to
+     * another, none last) escapes exactly the bytes after them, so its first unescaped quote
+     * ends the string; other blocks go escape by escape below. */
+    const __m128i quote = _mm_set1_epi8('"'), bslash = _mm_set1_epi8('\\');
+    while (end - p >= 16) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(const void *)p);
+        unsigned q = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(v, quote));
+        unsigned bs = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(v, bslash));
+        if (bs) {
+            *esc = 1;
+            if ((bs & (bs << 1)) || (bs & 0x8000)) {
+                p += __builtin_ctz(q | bs);
+                if (*p == '"')
+                    return p + 1;
+                p += 2;
+                continue;
+            }
+            q &= ~(bs << 1);
+        }
+        if (q)
+            return p + __builtin_ctz(q) + 1;
+        p += 16;
+    }
+#endif
     for (;;) {
-        p = skip_plain(p, end);
+        p = skip_bytes(p, end, 1);
         if (p >= end)
             return end;
         if (*p == '"')
             return p + 1;
-        if (*p == '\\') {
-            *esc = 1;
-            p += 2; /* an escape never ends the string */
-        } else {
-            p++; /* UTF-8 */
-        }
+        *esc = 1;
+        p += 2; /* an escape never ends the string */
     }
 }
 
@@ -624,32 +657,41 @@ int kvr_json_iter_init(kvr_json_iter *it, const char *buf, const kvr_json_span *
     return 1;
 }
 
+/* The iterator is at its container's closing bracket (at p, or at its bound): done. A lazy
+ * iterator (kvr_json_iter_descend()) moves its parent past the container. */
+static int iter_done(kvr_json_iter *it, const unsigned char *p)
+{
+    const unsigned char *b = (const unsigned char *)it->buf;
+    it->pos = (size_t)(p - b);
+    it->end = it->pos;
+    if (it->parent) {
+        it->parent->pos = it->pos + 1;
+        it->parent = NULL;
+    }
+    return 0;
+}
+
 int kvr_json_iter_next(kvr_json_iter *it, kvr_json_span *name, kvr_json_span *val)
 {
+    if (it->pos >= it->end)
+        return 0; /* ended, or a zeroed iterator (no buffer) */
     const unsigned char *b = (const unsigned char *)it->buf, *end = b + it->end;
     const unsigned char *p = ws(b + it->pos, end);
     if (p < end && *p == ',')
         p = ws(p + 1, end);
-    if (p >= end) {
-        it->pos = it->end;
-        return 0;
-    }
+    /* In valid text a value is followed by ',' or its container's bracket: the bracket ends
+     * the walk even when `end` is only a bound (a lazy iterator's). */
+    if (p >= end || *p == '}' || *p == ']')
+        return iter_done(it, p < end ? p : end);
+    kvr_json_span tmp; /* described in place: a span is ~80 bytes, not worth a copy */
     if (it->object) {
-        kvr_json_span k;
-        p = ws(describe(b, p, end, &k), end);
-        if (name)
-            *name = k;
+        p = ws(describe(b, p, end, name ? name : &tmp), end);
         if (p < end) /* the ':' */
             p = ws(p + 1, end);
-        if (p >= end) { /* not an object member: cannot happen in validated text */
-            it->pos = it->end;
-            return 0;
-        }
+        if (p >= end) /* not an object member: cannot happen in validated text */
+            return iter_done(it, end);
     }
-    kvr_json_span v;
-    p = describe(b, p, end, &v);
-    if (val)
-        *val = v;
+    p = describe(b, p, end, val ? val : &tmp);
     it->pos = (size_t)(p - b);
     return 1;
 }
@@ -669,24 +711,55 @@ int kvr_json_span_is(const char *buf, const kvr_json_span *s, const char *str)
     return key_is(p, e, 1, str);
 }
 
-size_t kvr_json_span_members(const char *buf, const kvr_json_span *obj,
-                             const char *const *names, size_t n, kvr_json_span *out)
+int kvr_json_iter_descend(kvr_json_iter *it, kvr_json_span *val, kvr_json_iter *inner)
+{
+    memset(inner, 0, sizeof(*inner));
+    inner->buf = it->buf;
+    if (it->pos >= it->end)
+        return 0;
+    const unsigned char *b = (const unsigned char *)it->buf, *end = b + it->end;
+    const unsigned char *p = ws(b + it->pos, end);
+    if (p < end && *p == ',')
+        p = ws(p + 1, end);
+    if (p >= end || *p != '{' || it->object)
+        return kvr_json_iter_next(it, NULL, val);
+    memset(val, 0, sizeof(*val));
+    val->kind = KVR_JSON_OBJECT;
+    val->off = (size_t)(p - b);
+    it->pos = val->off; /* until `inner` ends */
+    inner->object = 1;
+    inner->pos = val->off + 1;
+    inner->end = it->end; /* a bound: the object's '}' ends the walk */
+    inner->parent = it;
+    return 1;
+}
+
+size_t kvr_json_iter_members(kvr_json_iter *it, const char *const *names, size_t n,
+                             kvr_json_span *out)
 {
     size_t found = 0;
     for (size_t i = 0; i < n; i++)
         memset(&out[i], 0, sizeof(out[i]));
-    kvr_json_iter it;
-    if (obj->kind != KVR_JSON_OBJECT || !kvr_json_iter_init(&it, buf, obj))
-        return 0;
     kvr_json_span k, v;
-    while (kvr_json_iter_next(&it, &k, &v))
-        for (size_t i = 0; i < n; i++)
-            if (kvr_json_span_is(buf, &k, names[i])) {
+    while (kvr_json_iter_next(it, &k, &v))
+        for (size_t i = 0; it->object && i < n; i++)
+            if (kvr_json_span_is(it->buf, &k, names[i])) {
                 found += out[i].kind == KVR_JSON_ABSENT;
                 out[i] = v;
                 break;
             }
     return found;
+}
+
+size_t kvr_json_span_members(const char *buf, const kvr_json_span *obj,
+                             const char *const *names, size_t n, kvr_json_span *out)
+{
+    kvr_json_iter it;
+    if (obj->kind != KVR_JSON_OBJECT || !kvr_json_iter_init(&it, buf, obj)) {
+        memset(out, 0, n * sizeof(*out));
+        return 0;
+    }
+    return kvr_json_iter_members(&it, names, n, out);
 }
 
 int kvr_json_span_first(const char *buf, const kvr_json_span *arr, kvr_json_span *out)

@@ -84,12 +84,16 @@ int kvr_json_span_first(const char *buf, const kvr_json_span *arr, kvr_json_span
  *  located in `buf`), for walking nested values without a tree: each step skips one value
  *  (strings in bulk, containers by depth), so a walk is linear in the bytes walked. The text
  *  is assumed valid (it was scanned); reads stay inside the container's span. Holds no
- *  memory: copy or drop it freely. */
+ *  memory: copy or drop it freely; an all-zero one gives nothing. */
 typedef struct kvr_json_iter {
     const char *buf; /**< the scanned buffer (borrowed) */
-    size_t pos;      /**< offset of the next byte to read */
-    size_t end;      /**< offset of the container's closing bracket */
+    size_t pos;      /**< offset of the next byte to read; past the last value, the offset
+                          of the closing bracket */
+    size_t end;      /**< offset of the container's closing bracket, or a bound of it (an
+                          iterator from kvr_json_iter_descend()) */
     int object;      /**< 1: members of an object; 0: elements of an array */
+    struct kvr_json_iter *parent; /**< kvr_json_iter_descend()'s iterator to move on when
+                                       this one ends, or NULL */
 } kvr_json_iter;
 
 /** Starts `*it` at the first element or member of `v` (an array or object span of `buf`).
@@ -103,6 +107,21 @@ int kvr_json_iter_init(kvr_json_iter *it, const char *buf, const kvr_json_span *
  *  name as a KVR_JSON_STRING span (quotes included; decode it with kvr_json_span_string() or
  *  compare it with kvr_json_span_is()). Returns 1, or 0 past the last one. */
 int kvr_json_iter_next(kvr_json_iter *it, kvr_json_span *name, kvr_json_span *val);
+
+/** kvr_json_iter_next() for the elements of an array that are walked anyway, without
+ *  skipping an object element first (one pass over it instead of two): when the next element
+ *  of the array iterator `*it` is an object, `*val` gets its kind and offset (len 0: not
+ *  known yet) and `*inner` iterates its members; walking `*inner` to its end (until
+ *  kvr_json_iter_next() returns 0, or kvr_json_iter_members()) moves `*it` past the object,
+ *  whose length is then `it->pos - val->off`. `*it` must not be used before that. Any other
+ *  element comes as from kvr_json_iter_next() (len known) and `*inner` gives nothing; so do
+ *  the members of an object iterator. Returns 1, or 0 past the last element. */
+int kvr_json_iter_descend(kvr_json_iter *it, kvr_json_span *val, kvr_json_iter *inner);
+
+/** kvr_json_span_members() over the members an object iterator has left (all of them after
+ *  kvr_json_iter_init() or kvr_json_iter_descend()), walking it to its end. */
+size_t kvr_json_iter_members(kvr_json_iter *it, const char *const *names, size_t n,
+                             kvr_json_span *out);
 
 /** 1 when the string span `s` of `buf` decodes to exactly the NUL-terminated `str` (at most
  *  KVR_JSON_SCAN_NAME_MAX bytes when `s` has escapes; "mod\u0065l" is "model"), else 0 (also
