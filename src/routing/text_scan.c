@@ -92,24 +92,27 @@ static json_t *load(ctx *c, const kvr_json_span *v)
     return j;
 }
 
-static void put_canon(ctx *c, const kvr_json_span *v)
+/* `put` (kvr_text_canon or kvr_text_digest_field) on the value of span `v`, read with
+ * jansson: the rare values whose text is their canonical JSON. */
+static void put_read(ctx *c, const kvr_json_span *v,
+                     void (*put)(kvr_text_writer *, const json_t *))
 {
     if (done(c))
         return;
     json_t *j = load(c, v);
     if (j)
-        kvr_text_canon(&c->w, j);
+        put(&c->w, j);
     json_decref(j);
+}
+
+static void put_canon(ctx *c, const kvr_json_span *v)
+{
+    put_read(c, v, kvr_text_canon);
 }
 
 static void put_digest(ctx *c, const kvr_json_span *v)
 {
-    if (done(c))
-        return;
-    json_t *j = load(c, v);
-    if (j)
-        kvr_text_digest_field(&c->w, j);
-    json_decref(j);
+    put_read(c, v, kvr_text_digest_field);
 }
 
 /* A value that should be a string (name, arguments): its bytes, else its canonical JSON. */
