@@ -11,6 +11,9 @@
 #include "routing/keys.h"
 #include "routing/text_writer.h"
 
+/* Most bytes reserved for a text before it is written (kvr_route_text_scan()). */
+#define TEXT_RESERVE_MAX (256u << 10)
+
 struct kvr_text_cache {
     struct {
         XXH128_hash_t key; /* of the raw tools and functions spans */
@@ -338,8 +341,10 @@ int kvr_route_text_scan(const char *buf, const kvr_json_span *tools,
 {
     ctx c = {.w = {.b = out}, .buf = buf};
     /* The text is about as long as the messages as written: one allocation up front rather
-     * than a copy per doubling. */
-    if (messages->kind == KVR_JSON_ARRAY && kvr_buf_reserve(out, messages->len) < 0)
+     * than a copy per doubling. Bounded: a message holding a large image is a short text (a
+     * digest), and the text lives as long as its request. */
+    size_t hint = messages->kind == KVR_JSON_ARRAY ? messages->len : 0;
+    if (hint && kvr_buf_reserve(out, hint < TEXT_RESERVE_MAX ? hint : TEXT_RESERVE_MAX) < 0)
         return -1;
     put_tools(&c, tools, functions, cache);
     kvr_json_iter it = {0}, in; /* a zeroed iterator has nothing to give */

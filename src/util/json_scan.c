@@ -139,6 +139,33 @@ static const unsigned char *string(const unsigned char *p, const unsigned char *
     }
 }
 
+/* The escape at q (a backslash, in a valid string) into tmp (1-4 bytes, *k of them);
+ * returns the byte after it. */
+static const unsigned char *unescape(const unsigned char *q, char tmp[4], size_t *k)
+{
+    uint32_t cp = 0, lo = 0xDC00;
+    *k = 1;
+    switch (q[1]) {
+    case 'b': tmp[0] = '\b'; break;
+    case 'f': tmp[0] = '\f'; break;
+    case 'n': tmp[0] = '\n'; break;
+    case 'r': tmp[0] = '\r'; break;
+    case 't': tmp[0] = '\t'; break;
+    case 'u':
+        json_hex4(q + 2, &cp);
+        if (cp >= 0xD800 && cp <= 0xDBFF) {
+            json_hex4(q + 8, &lo);
+            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+            q += 6;
+        }
+        q += 4;
+        *k = json_put_utf8(tmp, cp);
+        break;
+    default: tmp[0] = (char)q[1]; break; /* '"', '\\', '/' */
+    }
+    return q + 2;
+}
+
 /* Decodes the valid string body [p, end) (between the quotes) into out (at most cap bytes);
  * returns the decoded length. */
 static size_t decode(const unsigned char *p, const unsigned char *end, char *out, size_t cap)
@@ -155,30 +182,11 @@ static size_t decode(const unsigned char *p, const unsigned char *end, char *out
         if (q >= end)
             break;
         char tmp[4];
-        size_t k = 1;
-        uint32_t cp = 0, lo = 0xDC00;
-        switch (q[1]) {
-        case 'b': tmp[0] = '\b'; break;
-        case 'f': tmp[0] = '\f'; break;
-        case 'n': tmp[0] = '\n'; break;
-        case 'r': tmp[0] = '\r'; break;
-        case 't': tmp[0] = '\t'; break;
-        case 'u':
-            json_hex4(q + 2, &cp);
-            if (cp >= 0xD800 && cp <= 0xDBFF) {
-                json_hex4(q + 8, &lo);
-                cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-                q += 6;
-            }
-            q += 4;
-            k = json_put_utf8(tmp, cp);
-            break;
-        default: tmp[0] = (char)q[1]; break; /* '"', '\\', '/' */
-        }
+        size_t k;
+        p = unescape(q, tmp, &k);
         for (size_t i = 0; i < k; i++, n++)
             if (n < cap)
                 out[n] = tmp[i];
-        p = q + 2;
     }
     return n;
 }
