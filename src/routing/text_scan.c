@@ -204,9 +204,12 @@ enum { M_ROLE, M_NAME, M_TOOL_CALL_ID, M_CONTENT, M_TOOL_CALLS, M_FUNCTION_CALL,
 static void put_message(ctx *c, const kvr_json_span *msg, kvr_json_iter *in)
 {
     static const char *const names[M_COUNT] = {
-        [M_ROLE] = "role",           [M_NAME] = "name",
-        [M_TOOL_CALL_ID] = "tool_call_id", [M_CONTENT] = "content",
-        [M_TOOL_CALLS] = "tool_calls", [M_FUNCTION_CALL] = "function_call",
+        [M_ROLE] = "role",
+        [M_NAME] = "name",
+        [M_TOOL_CALL_ID] = "tool_call_id",
+        [M_CONTENT] = "content",
+        [M_TOOL_CALLS] = "tool_calls",
+        [M_FUNCTION_CALL] = "function_call",
     };
     if (msg->kind != KVR_JSON_OBJECT) {
         kvr_text_rec_start_s(&c->w, "#item");
