@@ -203,14 +203,9 @@ enum { M_ROLE, M_NAME, M_TOOL_CALL_ID, M_CONTENT, M_TOOL_CALLS, M_FUNCTION_CALL,
 /* A message: `msg` as kvr_json_iter_descend() gave it, `in` its members when an object. */
 static void put_message(ctx *c, const kvr_json_span *msg, kvr_json_iter *in)
 {
-    static const char *const names[M_COUNT] = {
-        [M_ROLE] = "role",
-        [M_NAME] = "name",
-        [M_TOOL_CALL_ID] = "tool_call_id",
-        [M_CONTENT] = "content",
-        [M_TOOL_CALLS] = "tool_calls",
-        [M_FUNCTION_CALL] = "function_call",
-    };
+    static const char *const names[M_COUNT] = {/* in the enum's order */
+                                               "role",    "name",       "tool_call_id",
+                                               "content", "tool_calls", "function_call"};
     if (msg->kind != KVR_JSON_OBJECT) {
         kvr_text_rec_start_s(&c->w, "#item");
         put_digest(c, msg);
