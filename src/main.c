@@ -22,6 +22,7 @@
 #include "obs/otlp.h"
 #include "obs/status_stats.h"
 #include "proxy/tokenize.h"
+#include "routing/text_scan.h"
 #include "util/log.h"
 #include "util/rand.h"
 #include "util/time.h"
@@ -261,6 +262,7 @@ int main(int argc, char **argv)
     app->metrics = kvr_metrics_new();
     kvr_app_metrics_init(app);
     app->status = kvr_status_stats_new(app->cfg.status_ttft_samples, kvr_now_ms());
+    app->text_cache = kvr_text_cache_new(); /* NULL: texts are built without it */
     if (app->cfg.access_log) {
         app->access = kvr_access_log_open(app->loop, app->cfg.access_log,
                                           app->cfg.access_log_buffer_bytes, err, sizeof(err));
@@ -346,6 +348,7 @@ int main(int argc, char **argv)
     kvr_admission_free(app->admission);
     kvr_metrics_free(app->metrics);
     kvr_status_stats_free(app->status);
+    kvr_text_cache_free(app->text_cache);
     kvr_registry_free(app->reg);
     if (app->live && app->live != &app->cfg) {
         kvr_config_free(app->live);

@@ -95,10 +95,12 @@ static void invalid_json(kvr_app *app, kvr_http_req *r, const json_error_t *jerr
 /* 1 when whichever route the request names builds its routing text from the body's tree
  * (every route's policy reads the text, whatever the session: cache_aware, precise,
  * pipeline, cost): the body is then read into the tree at once, instead of scanned first
- * and read again. count_tokens builds no keys. */
+ * and read again. Chat and completions never need it: their text comes from the scan
+ * (routing/text_scan.h). count_tokens builds no keys. */
 static int tree_needed(const kvr_app *app, kvr_endpoint ep)
 {
-    if (ep == KVR_EP_COUNT_TOKENS || app->routes->n == 0)
+    if (ep == KVR_EP_COUNT_TOKENS || ep == KVR_EP_CHAT || ep == KVR_EP_COMPLETIONS ||
+        app->routes->n == 0)
         return 0;
     for (size_t i = 0; i < app->routes->n; i++) {
         const kvr_policy_ops *ops = app->routes->routes[i]->ops;
@@ -134,8 +136,9 @@ static void proxied_tree(kvr_app *app, kvr_http_req *r, kvr_endpoint ep, const c
 }
 
 /* A proxied endpoint: scan and validate the body once (no tree: routing/fields.h), find the
- * route its `model` names, and hand the request to the proxy, which builds the tree only when
- * the route's policy reads the routing text. */
+ * route its `model` names, and hand the request to the proxy, which builds the routing text
+ * when the route's policy reads it: from the scan for chat and completions, else from a
+ * tree. */
 static void proxied(kvr_app *app, kvr_http_req *r, kvr_endpoint ep)
 {
     size_t blen;

@@ -113,6 +113,9 @@ typedef struct kvr_app {
     struct kvr_access_log *access;       /**< the access log (NULL: no --access-log) */
     struct kvr_status_stats *status;     /**< the admin GET /status figures (NULL = none
                                               kept) */
+    struct kvr_text_cache *text_cache;   /**< the tools sections of recent chat requests'
+                                              routing texts (routing/text_scan.h; NULL =
+                                              none kept) */
 } kvr_app;
 
 /** Registers kvroute's metric families in app->metrics (which must exist). */

@@ -6,6 +6,7 @@
 
 #include "events/kvevents.h"
 #include "routing/keys.h"
+#include "routing/text_scan.h"
 #include "util/json_read.h"
 
 static const char *get_header(void *ctx, const char *name, size_t *len)
@@ -57,11 +58,22 @@ int kvr_request_keys_build_fields(kvr_app *app, const kvr_route *route,
         return -1;
     if (!body || !body->object || (route->ops->text_without_session && out->session.len))
         return 0;
-    json_t *tree = kvr_json_read(body->buf, body->len, NULL);
-    if (!tree)
-        return -1; /* the scan accepted it: only memory can fail here */
-    rc = kvr_route_text_build(tree, (kvr_route_kind)ep, &out->text);
-    json_decref(tree);
+    if (ep == KVR_EP_CHAT) {
+        /* From the scan: the tree's text without the tree (routing/text_scan.h). */
+        rc = kvr_route_text_scan(body->buf, kvr_body_field(body, KVR_FIELD_TOOLS),
+                                 kvr_body_field(body, KVR_FIELD_FUNCTIONS),
+                                 kvr_body_field(body, KVR_FIELD_MESSAGES), app->text_cache,
+                                 &out->text);
+    } else if (ep == KVR_EP_COMPLETIONS) {
+        rc = kvr_route_text_scan_prompt(body->buf, kvr_body_field(body, KVR_FIELD_PROMPT),
+                                        &out->text);
+    } else {
+        json_t *tree = kvr_json_read(body->buf, body->len, NULL);
+        if (!tree)
+            return -1; /* the scan accepted it: only memory can fail here */
+        rc = kvr_route_text_build(tree, (kvr_route_kind)ep, &out->text);
+        json_decref(tree);
+    }
     if (out->text.len) {
         out->k.text = out->text.data;
         out->k.text_len = out->text.len;

@@ -30,8 +30,10 @@ int kvr_request_keys_build(kvr_app *app, const kvr_route *route, const json_t *b
                            kvr_endpoint ep, kvr_http_req *r, kvr_request_keys *out);
 /** kvr_request_keys_build() from a scan of the body (routing/fields.h; NULL: a request
  *  without one, whose keys then come from the headers only): the same keys for the same
- *  body, without a tree unless the policy reads the routing text. The text is built (the
- *  body read into a jansson tree once, routing/keys.h) when `route`'s policy uses keys,
+ *  body, without a tree: the routing text of chat and completions comes from the scan
+ *  (routing/text_scan.h, its tools sections cached in app->text_cache); the other
+ *  endpoints' text is built from a jansson tree of the body (routing/keys.h). The text is
+ *  built when `route`'s policy uses keys,
  *  except for a policy that reads the text only without a session key
  *  (kvr_policy_ops.text_without_session: the hash policies) when the request has one.
  *  Returns 0, or -1 when memory ran out. */

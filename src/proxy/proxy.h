@@ -9,16 +9,17 @@
 #include "routing/keys.h"
 
 /** A proxied request's body as api read it: the scan of routing/fields.h, or, when api knew
- *  that the route's policy reads the routing text (which needs the tree anyway), the tree
- *  (kvr_json_read) instead, so the body is not read twice. One of the two is set. */
+ *  that the route's policy reads the routing text and the endpoint's text needs the tree
+ *  anyway (every endpoint but chat and completions, whose text comes from the scan), the
+ *  tree (kvr_json_read) instead, so the body is not read twice. One of the two is set. */
 typedef struct kvr_proxy_body {
     const kvr_body_fields *fields; /**< the scan, or NULL */
     const json_t *tree;            /**< the tree, or NULL */
 } kvr_proxy_body;
 
 /** Takes ownership of `r` (a POST to endpoint `ep`, its JSON body validated and read as
- *  `body`, borrowed for the call; with a scan, the tree of the routing text is built here
- *  only when the route's policy reads it) and answers it through `route` (borrowed; the
+ *  `body`, borrowed for the call; with a scan, the routing text is built here only when the
+ *  route's policy reads it, from a tree only for endpoints other than chat and completions) and answers it through `route` (borrowed; the
  *  request takes its own reference): 503 + Retry-After when no target is eligible, 502 when
  *  the worker gave no response, or the worker's response relayed as it streams. The body goes
  *  out unchanged unless the chosen target's upstream model name differs from the client's

@@ -24,6 +24,7 @@ static const char *const g_fixed[KVR_FIELD_COUNT] = {
     [KVR_FIELD_MAX_TOKENS] = "max_tokens",
     [KVR_FIELD_MAX_COMPLETION_TOKENS] = "max_completion_tokens",
     [KVR_FIELD_PREVIOUS_RESPONSE_ID] = "previous_response_id",
+    [KVR_FIELD_FUNCTIONS] = "functions",
 };
 
 /* Index of `name` (`n` bytes) among the names of f, or -1. */

@@ -7,8 +7,9 @@
  *
  * Every function here gives what the tree-based function of routing/keys.h gives for the same
  * body (kvr_session_key_build(), kvr_route_previous_response_id(); json_integer_value() for
- * the token counts); fuzz/fuzz_keys.c checks it. The routing text still needs the tree:
- * kvr_json_read() the same bytes and call kvr_route_text_build() when a policy reads it. */
+ * the token counts); fuzz/fuzz_keys.c checks it. The routing text of chat and completions is
+ * built from the same scan (routing/text_scan.h); the other endpoints' text still needs the
+ * tree: kvr_json_read() the same bytes and call kvr_route_text_build(). */
 #ifndef KVR_ROUTING_FIELDS_H
 #define KVR_ROUTING_FIELDS_H
 #include <stddef.h>
@@ -35,6 +36,7 @@ typedef enum kvr_field {
     KVR_FIELD_MAX_TOKENS,
     KVR_FIELD_MAX_COMPLETION_TOKENS,
     KVR_FIELD_PREVIOUS_RESPONSE_ID,
+    KVR_FIELD_FUNCTIONS, /**< legacy chat `functions` (routing text) */
     KVR_FIELD_COUNT /**< how many there are */
 } kvr_field;
 

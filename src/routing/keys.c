@@ -8,11 +8,12 @@
 #include <xxhash.h>
 
 #include "routing/anthropic.h"
+#include "routing/text_writer.h"
 
-#define RS '\x1e'
-#define US '\x1f'
-#define GS '\x1d'
-#define CANON (JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY)
+#define RS KVR_TEXT_RS
+#define US KVR_TEXT_US
+#define GS KVR_TEXT_GS
+#define CANON KVR_TEXT_CANON
 
 /* ---- session sources ------------------------------------------------------------------ */
 
@@ -89,32 +90,6 @@ void kvr_session_sources_default(kvr_session_sources *out)
 
 /* ---- helpers -------------------------------------------------------------------------- */
 
-static void hex128(XXH128_hash_t h, char out[33])
-{
-    snprintf(out, 33, "%016llx%016llx", (unsigned long long)h.high64,
-             (unsigned long long)h.low64);
-}
-
-static int hash_cb(const char *p, size_t n, void *ud)
-{
-    return XXH3_128bits_update(ud, p, n) == XXH_OK ? 0 : -1;
-}
-
-/* Digest of a value's canonical JSON, streamed: a multi-megabyte data: URL is hashed without
- * being copied. Returns 0 or -1 (out of memory). */
-static int canon_digest(const json_t *v, char out[33])
-{
-    XXH3_state_t *st = XXH3_createState();
-    if (!st)
-        return -1;
-    XXH3_128bits_reset(st);
-    int rc = json_dump_callback(v, hash_cb, st, CANON);
-    if (rc == 0)
-        hex128(XXH3_128bits_digest(st), out);
-    XXH3_freeState(st);
-    return rc;
-}
-
 /* Body value at a dotted path, or NULL. */
 static const json_t *body_path(const json_t *body, const char *path)
 {
@@ -134,7 +109,7 @@ int kvr_session_key_append(kvr_buf *out, const char *p, size_t n)
 {
     if (n > KVR_SESSION_KEY_MAX) {
         char hx[33];
-        hex128(XXH3_128bits(p, n), hx);
+        kvr_text_hex128(XXH3_128bits(p, n), hx);
         return kvr_buf_append(out, hx, 32);
     }
     return kvr_buf_append(out, p, n);
@@ -177,97 +152,20 @@ int kvr_session_key_build(const json_t *body, kvr_header_get_fn get, void *ctx,
     return 0;
 }
 
-/* ---- routing text writer ---------------------------------------------------------------- */
+/* ---- routing text (writer and framing: text_writer.h) --------------------------------- */
 
-/* Appends up to the buffer's cap; once anything was cut, nothing more is appended, so the
- * result is always a byte prefix of the full text. */
-typedef struct writer {
-    kvr_buf *b;
-    int cut;
-    int oom;
-} writer;
-
-static void put(writer *w, const void *p, size_t n)
+static void put_str(kvr_text_writer *w, const json_t *s)
 {
-    if (w->cut || w->oom || !n)
-        return;
-    size_t room = n;
-    if (w->b->cap) {
-        room = w->b->cap > w->b->len ? w->b->cap - w->b->len : 0;
-        if (room > n)
-            room = n;
-    }
-    if (room && kvr_buf_append(w->b, p, room) < 0) {
-        w->oom = 1;
-        return;
-    }
-    if (room < n)
-        w->cut = 1;
-}
-
-static void putc1(writer *w, char c)
-{
-    put(w, &c, 1);
-}
-
-static void put_str(writer *w, const json_t *s)
-{
-    put(w, json_string_value(s), json_string_length(s));
-}
-
-static int canon_cb(const char *p, size_t n, void *ud)
-{
-    writer *w = ud;
-    put(w, p, n);
-    return w->cut || w->oom ? -1 : 0;
-}
-
-static void put_canon(writer *w, const json_t *v)
-{
-    if (json_dump_callback(v, canon_cb, w, CANON) < 0 && !w->cut)
-        w->oom = 1;
-}
-
-static void field(writer *w, char tag)
-{
-    char f[2] = {US, tag};
-    put(w, f, 2);
-}
-
-static void rec_start(writer *w, const char *tag, size_t n)
-{
-    putc1(w, RS);
-    put(w, tag, n);
-}
-
-static void rec_start_s(writer *w, const char *tag)
-{
-    rec_start(w, tag, strlen(tag));
-}
-
-static void rec_end(writer *w)
-{
-    putc1(w, GS);
+    kvr_text_put(w, json_string_value(s), json_string_length(s));
 }
 
 /* A value that should be a string (name, arguments): its bytes, else its canonical JSON. */
-static void put_text_or_canon(writer *w, const json_t *v)
+static void put_text_or_canon(kvr_text_writer *w, const json_t *v)
 {
     if (json_is_string(v))
         put_str(w, v);
     else if (v && !json_is_null(v))
-        put_canon(w, v);
-}
-
-static void put_digest_field(writer *w, const json_t *v)
-{
-    char hx[33];
-    if (canon_digest(v, hx) < 0) {
-        w->oom = 1;
-        return;
-    }
-    field(w, 'x');
-    put(w, hx, 32);
+        kvr_text_canon(w, v);
 }
 
 static int is_text_part_type(const char *t)
@@ -276,19 +174,19 @@ static int is_text_part_type(const char *t)
 }
 
 /* Content: a string, or parts in order; text parts as 'c', the rest as digests. */
-static void put_content(writer *w, const json_t *content)
+static void put_content(kvr_text_writer *w, const json_t *content)
 {
     if (!content || json_is_null(content))
         return;
     if (json_is_string(content)) {
         if (json_string_length(content)) {
-            field(w, 'c');
+            kvr_text_field(w, 'c');
             put_str(w, content);
         }
         return;
     }
     if (!json_is_array(content)) {
-        put_digest_field(w, content);
+        kvr_text_digest_field(w, content);
         return;
     }
     size_t i;
@@ -296,7 +194,7 @@ static void put_content(writer *w, const json_t *content)
     json_array_foreach(content, i, part) {
         if (json_is_string(part)) {
             if (json_string_length(part)) {
-                field(w, 'c');
+                kvr_text_field(w, 'c');
                 put_str(w, part);
             }
             continue;
@@ -305,48 +203,48 @@ static void put_content(writer *w, const json_t *content)
         if (is_text_part_type(json_string_value(json_object_get(part, "type"))) &&
             json_is_string(text)) {
             if (json_string_length(text)) {
-                field(w, 'c');
+                kvr_text_field(w, 'c');
                 put_str(w, text);
             }
             continue;
         }
-        put_digest_field(w, part);
+        kvr_text_digest_field(w, part);
     }
 }
 
-static void put_role(writer *w, const json_t *role)
+static void put_role(kvr_text_writer *w, const json_t *role)
 {
-    putc1(w, RS);
+    kvr_text_putc(w, RS);
     if (json_is_string(role))
         put_str(w, role);
     else if (role)
-        put_canon(w, role);
+        kvr_text_canon(w, role);
 }
 
-static void put_call(writer *w, const json_t *name, const json_t *args)
+static void put_call(kvr_text_writer *w, const json_t *name, const json_t *args)
 {
-    field(w, 'f');
+    kvr_text_field(w, 'f');
     put_text_or_canon(w, name);
-    field(w, 'a');
+    kvr_text_field(w, 'a');
     put_text_or_canon(w, args);
 }
 
-static void put_chat_message(writer *w, const json_t *m)
+static void put_chat_message(kvr_text_writer *w, const json_t *m)
 {
     if (!json_is_object(m)) {
-        rec_start_s(w, "#item");
-        put_digest_field(w, m);
-        rec_end(w);
+        kvr_text_rec_start_s(w, "#item");
+        kvr_text_digest_field(w, m);
+        kvr_text_rec_end(w);
         return;
     }
     put_role(w, json_object_get(m, "role"));
     const json_t *v;
     if (json_is_string(v = json_object_get(m, "name"))) {
-        field(w, 'n');
+        kvr_text_field(w, 'n');
         put_str(w, v);
     }
     if (json_is_string(v = json_object_get(m, "tool_call_id"))) {
-        field(w, 'i');
+        kvr_text_field(w, 'i');
         put_str(w, v);
     }
     put_content(w, json_object_get(m, "content"));
@@ -358,12 +256,12 @@ static void put_chat_message(writer *w, const json_t *m)
         if (json_is_object(fn))
             put_call(w, json_object_get(fn, "name"), json_object_get(fn, "arguments"));
         else
-            put_digest_field(w, tc);
+            kvr_text_digest_field(w, tc);
     }
     const json_t *fc = json_object_get(m, "function_call");
     if (json_is_object(fc))
         put_call(w, json_object_get(fc, "name"), json_object_get(fc, "arguments"));
-    rec_end(w);
+    kvr_text_rec_end(w);
 }
 
 /* ---- tools ---------------------------------------------------------------------------- */
@@ -409,7 +307,7 @@ static void add_tools(tool_ref *refs, size_t *n, const json_t *list)
     }
 }
 
-static void put_tools(writer *w, const json_t *body)
+static void put_tools(kvr_text_writer *w, const json_t *body)
 {
     const json_t *tools = json_object_get(body, "tools");
     const json_t *fns = json_object_get(body, "functions");
@@ -427,25 +325,25 @@ static void put_tools(writer *w, const json_t *body)
     qsort(refs, n, sizeof(*refs), tool_cmp);
     for (size_t i = 0; i < n; i++) {
         const tool_ref *r = &refs[i];
-        rec_start_s(w, "#tool");
+        kvr_text_rec_start_s(w, "#tool");
         if (r->name) {
-            field(w, 'n');
-            put(w, r->name, r->name_len);
+            kvr_text_field(w, 'n');
+            kvr_text_put(w, r->name, r->name_len);
             const json_t *d = json_object_get(r->fn, "description");
             if (json_is_string(d)) {
-                field(w, 'd');
+                kvr_text_field(w, 'd');
                 put_str(w, d);
             }
             const json_t *p = json_object_get(r->fn, "parameters");
             if (p) {
-                field(w, 'p');
-                put_canon(w, p);
+                kvr_text_field(w, 'p');
+                kvr_text_canon(w, p);
             }
         } else {
-            field(w, 'j');
-            put_canon(w, r->tool);
+            kvr_text_field(w, 'j');
+            kvr_text_canon(w, r->tool);
         }
-        rec_end(w);
+        kvr_text_rec_end(w);
     }
     free(refs);
 }
@@ -499,7 +397,7 @@ int kvr_endpoint_model_optional(kvr_endpoint ep)
     return ep == KVR_EP_TOKENIZE || ep == KVR_EP_DETOKENIZE;
 }
 
-static void build_chat(writer *w, const json_t *body)
+static void build_chat(kvr_text_writer *w, const json_t *body)
 {
     put_tools(w, body);
     size_t i;
@@ -508,25 +406,25 @@ static void build_chat(writer *w, const json_t *body)
         put_chat_message(w, m);
 }
 
-static void put_tokens(writer *w, const json_t *arr)
+static void put_tokens(kvr_text_writer *w, const json_t *arr)
 {
-    putc1(w, US);
+    kvr_text_putc(w, US);
     size_t i;
     const json_t *t;
     json_array_foreach(arr, i, t) {
         if (json_is_integer(t)) {
             char num[24];
             int n = snprintf(num, sizeof(num), "%lld ", (long long)json_integer_value(t));
-            put(w, num, (size_t)n);
+            kvr_text_put(w, num, (size_t)n);
         } else {
-            put_canon(w, t);
-            putc1(w, ' ');
+            kvr_text_canon(w, t);
+            kvr_text_putc(w, ' ');
         }
     }
 }
 
 /* A completions prompt, or any input text of the same forms. */
-static void put_prompt(writer *w, const json_t *prompt)
+static void put_prompt(kvr_text_writer *w, const json_t *prompt)
 {
     if (!prompt || json_is_null(prompt))
         return;
@@ -535,7 +433,7 @@ static void put_prompt(writer *w, const json_t *prompt)
         return;
     }
     if (!json_is_array(prompt)) {
-        put_canon(w, prompt);
+        kvr_text_canon(w, prompt);
         return;
     }
     if (!json_array_size(prompt))
@@ -548,24 +446,24 @@ static void put_prompt(writer *w, const json_t *prompt)
     const json_t *el;
     json_array_foreach(prompt, i, el) {
         if (i)
-            putc1(w, RS);
+            kvr_text_putc(w, RS);
         if (json_is_string(el))
             put_str(w, el);
         else if (json_is_array(el))
             put_tokens(w, el);
         else
-            put_canon(w, el);
+            kvr_text_canon(w, el);
     }
 }
 
-static void build_completions(writer *w, const json_t *body)
+static void build_completions(kvr_text_writer *w, const json_t *body)
 {
     put_prompt(w, json_object_get(body, "prompt"));
 }
 
 /* The other endpoints: a chat-style `messages` list where the endpoint takes one, else the
  * input text fields (keys.h). */
-static void build_inputs(writer *w, const json_t *body, kvr_route_kind kind)
+static void build_inputs(kvr_text_writer *w, const json_t *body, kvr_route_kind kind)
 {
     static const char *const fields[KVR_EP_COUNT][2] = {
         [KVR_EP_EMBEDDINGS] = {"input"},       [KVR_EP_RERANK] = {"query", "documents"},
@@ -585,17 +483,17 @@ static void build_inputs(writer *w, const json_t *body, kvr_route_kind kind)
         if (!v || json_is_null(v))
             continue;
         if (any++)
-            putc1(w, RS);
+            kvr_text_putc(w, RS);
         put_prompt(w, v);
     }
 }
 
-static void put_response_item(writer *w, const json_t *it)
+static void put_response_item(kvr_text_writer *w, const json_t *it)
 {
     if (json_is_string(it)) {
-        rec_start_s(w, "user");
+        kvr_text_rec_start_s(w, "user");
         put_content(w, it);
-        rec_end(w);
+        kvr_text_rec_end(w);
         return;
     }
     const char *type = json_string_value(json_object_get(it, "type"));
@@ -603,34 +501,34 @@ static void put_response_item(writer *w, const json_t *it)
     if ((!type || !strcmp(type, "message")) && role) {
         put_role(w, role);
         put_content(w, json_object_get(it, "content"));
-        rec_end(w);
+        kvr_text_rec_end(w);
     } else if (type && !strcmp(type, "function_call")) {
-        rec_start_s(w, "#function_call");
+        kvr_text_rec_start_s(w, "#function_call");
         put_call(w, json_object_get(it, "name"), json_object_get(it, "arguments"));
-        rec_end(w);
+        kvr_text_rec_end(w);
     } else if (type && !strcmp(type, "function_call_output")) {
-        rec_start_s(w, "#function_call_output");
+        kvr_text_rec_start_s(w, "#function_call_output");
         const json_t *id = json_object_get(it, "call_id");
         if (json_is_string(id)) {
-            field(w, 'i');
+            kvr_text_field(w, 'i');
             put_str(w, id);
         }
         put_content(w, json_object_get(it, "output"));
-        rec_end(w);
+        kvr_text_rec_end(w);
     } else {
-        rec_start_s(w, "#item");
-        put_digest_field(w, it);
-        rec_end(w);
+        kvr_text_rec_start_s(w, "#item");
+        kvr_text_digest_field(w, it);
+        kvr_text_rec_end(w);
     }
 }
 
-static void build_responses(writer *w, const json_t *body)
+static void build_responses(kvr_text_writer *w, const json_t *body)
 {
     const json_t *ins = json_object_get(body, "instructions");
     if (ins && !json_is_null(ins)) {
-        rec_start_s(w, "#instructions");
+        kvr_text_rec_start_s(w, "#instructions");
         put_content(w, ins);
-        rec_end(w);
+        kvr_text_rec_end(w);
     }
     put_tools(w, body);
     const json_t *input = json_object_get(body, "input");
@@ -645,7 +543,7 @@ static void build_responses(writer *w, const json_t *body)
 }
 
 /* Messages: the chat text of the request's chat form (keys.h). */
-static void build_messages(writer *w, const json_t *body)
+static void build_messages(kvr_text_writer *w, const json_t *body)
 {
     json_t *chat = kvr_anthropic_to_chat(body);
     if (!chat) {
@@ -658,7 +556,7 @@ static void build_messages(writer *w, const json_t *body)
 
 int kvr_route_text_build(const json_t *body, kvr_route_kind kind, kvr_buf *out)
 {
-    writer w = {.b = out};
+    kvr_text_writer w = {.b = out};
     if (!json_is_object(body))
         return 0;
     switch (kind) {
@@ -700,7 +598,7 @@ size_t kvr_route_text_preamble(const char *text, size_t len)
 
 int kvr_route_text_append_reply(kvr_buf *text, kvr_route_kind kind, const json_t *reply)
 {
-    writer w = {.b = text};
+    kvr_text_writer w = {.b = text};
     if (kind == KVR_ROUTE_COMPLETIONS) {
         /* A framed text (token ids, a batch) starts with a control byte; a string does not. */
         if (!json_is_string(reply) || (text->len && (text->data[0] == RS || text->data[0] == US)))

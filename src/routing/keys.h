@@ -179,7 +179,8 @@ int kvr_session_key_build(const json_t *body, kvr_header_get_fn get, void *ctx,
  *  prefix property survives (later turns are cut at the same length). Malformed fields are
  *  never an error here (validation is the API layer's job): they count by their canonical JSON
  *  or are skipped. Returns 0, 1 when the text was cut at the cap, -1 out of memory (`out` then
- *  holds a prefix of the text). */
+ *  holds a prefix of the text). routing/text_scan.h builds the same chat and completions
+ *  text from a body's scan, without a tree. */
 int kvr_route_text_build(const json_t *body, kvr_route_kind kind, kvr_buf *out);
 
 /** Both keys at once: kvr_session_key_build() into `session` then kvr_route_text_build() into

@@ -41,6 +41,13 @@ int kvr_buf_append(kvr_buf *b, const void *p, size_t n)
     return 0;
 }
 
+int kvr_buf_reserve(kvr_buf *b, size_t n)
+{
+    if (b->cap)
+        n = b->cap > b->len ? (n < b->cap - b->len ? n : b->cap - b->len) : 0;
+    return reserve(b, n);
+}
+
 int kvr_buf_puts(kvr_buf *b, const char *s)
 {
     return kvr_buf_append(b, s, strlen(s));

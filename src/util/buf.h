@@ -19,6 +19,10 @@ void kvr_buf_init(kvr_buf *b, size_t cap);
 /** Appends `n` bytes. Returns 0, or -1 (buffer unchanged) when the cap would be exceeded or
  *  memory ran out. */
 int kvr_buf_append(kvr_buf *b, const void *p, size_t n);
+/** Makes room for `n` more bytes (at most what the cap leaves) without changing the
+ *  contents, so that appends up to that size do not reallocate. Returns 0, or -1 when memory
+ *  ran out (buffer unchanged). */
+int kvr_buf_reserve(kvr_buf *b, size_t n);
 /** Appends a NUL-terminated string; same return as kvr_buf_append(). */
 int kvr_buf_puts(kvr_buf *b, const char *s);
 /** printf-style append; same return as kvr_buf_append(). */

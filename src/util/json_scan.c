@@ -43,29 +43,35 @@ static inline const unsigned char *ws(const unsigned char *p, const unsigned cha
 }
 
 #if !defined(__SSE2__)
-/* Nonzero when one of the 8 bytes is '"', '\\', < 0x20 or >= 0x80 (no false negatives). */
-static inline uint64_t special8(uint64_t v)
+/* Nonzero when one of the 8 bytes is '"', '\\' or, unless `valid`, < 0x20 or >= 0x80 (no
+ * false negatives). */
+static inline uint64_t special8(uint64_t v, int valid)
 {
     const uint64_t ones = 0x0101010101010101ull, high = 0x8080808080808080ull;
     uint64_t q = v ^ (ones * '"'), b = v ^ (ones * '\\');
-    uint64_t ctl = (v - ones * 0x20) & ~v;
     q = (q - ones) & ~q;
     b = (b - ones) & ~b;
+    if (valid)
+        return (q | b) & high;
+    uint64_t ctl = (v - ones * 0x20) & ~v;
     return (v | ctl | q | b) & high;
 }
 #endif
 
-/* Skips the plain bytes of a string (none of '"', '\\', < 0x20, >= 0x80) in bulk. */
-static inline const unsigned char *skip_plain(const unsigned char *p, const unsigned char *end)
+/* Skips the plain bytes of a string in bulk: none of '"', '\\' and, unless `valid` (text
+ * already validated, where UTF-8 and control bytes need no check), < 0x20 or >= 0x80.
+ * `valid` is a constant at every call, so each use compiles to its own loop. */
+static inline const unsigned char *skip_bytes(const unsigned char *p, const unsigned char *end,
+                                              int valid)
 {
 #if defined(__SSE2__)
     const __m128i quote = _mm_set1_epi8('"'), bslash = _mm_set1_epi8('\\'),
                   space = _mm_set1_epi8(0x20);
     while (end - p >= 16) {
         __m128i v = _mm_loadu_si128((const __m128i *)(const void *)p);
-        /* signed: bytes >= 0x80 are negative, so "< 0x20" also catches them */
-        __m128i m = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, bslash)),
-                                 _mm_cmplt_epi8(v, space));
+        __m128i m = _mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, bslash));
+        if (!valid) /* signed: bytes >= 0x80 are negative, so "< 0x20" also catches them */
+            m = _mm_or_si128(m, _mm_cmplt_epi8(v, space));
         int bits = _mm_movemask_epi8(m);
         if (bits)
             return p + __builtin_ctz((unsigned)bits);
@@ -75,14 +81,20 @@ static inline const unsigned char *skip_plain(const unsigned char *p, const unsi
     while (end - p >= 8) {
         uint64_t v;
         memcpy(&v, p, 8);
-        if (special8(v))
+        if (special8(v, valid))
             break;
         p += 8;
     }
 #endif
-    while (p < end && *p >= 0x20 && *p < 0x80 && *p != '"' && *p != '\\')
+    while (p < end && *p != '"' && *p != '\\' && (valid || (*p >= 0x20 && *p < 0x80)))
         p++;
     return p;
+}
+
+/* Skips the plain bytes of a string being validated. */
+static inline const unsigned char *skip_plain(const unsigned char *p, const unsigned char *end)
+{
+    return skip_bytes(p, end, 0);
 }
 
 /* The one-letter escapes of RFC 8259 §7 (everything but \u). */
@@ -175,15 +187,42 @@ static const unsigned char *string(const unsigned char *p, const unsigned char *
     }
 }
 
+/* The escape at q (a backslash, in a valid string) into tmp (1-4 bytes, *k of them);
+ * returns the byte after it. */
+static const unsigned char *unescape(const unsigned char *q, char tmp[4], size_t *k)
+{
+    uint32_t cp = 0, lo = 0xDC00;
+    *k = 1;
+    switch (q[1]) {
+    case 'b': tmp[0] = '\b'; break;
+    case 'f': tmp[0] = '\f'; break;
+    case 'n': tmp[0] = '\n'; break;
+    case 'r': tmp[0] = '\r'; break;
+    case 't': tmp[0] = '\t'; break;
+    case 'u':
+        json_hex4(q + 2, &cp);
+        if (cp >= 0xD800 && cp <= 0xDBFF) {
+            json_hex4(q + 8, &lo);
+            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+            q += 6;
+        }
+        q += 4;
+        *k = json_put_utf8(tmp, cp);
+        break;
+    default: tmp[0] = (char)q[1]; break; /* '"', '\\', '/' */
+    }
+    return q + 2;
+}
+
 /* Decodes the valid string body [p, end) (between the quotes) into out (at most cap bytes);
  * returns the decoded length. */
 static size_t decode(const unsigned char *p, const unsigned char *end, char *out, size_t cap)
 {
     size_t n = 0;
     while (p < end) {
-        const unsigned char *q = p;
-        while (q < end && *q != '\\')
-            q++;
+        /* the next backslash: a quote in a valid string body is escaped, so the skip stops
+         * only at backslashes (inline, which beats a call per run between escapes) */
+        const unsigned char *q = skip_bytes(p, end, 1);
         size_t run = (size_t)(q - p);
         if (n < cap)
             memcpy(out + n, p, run < cap - n ? run : cap - n);
@@ -191,30 +230,11 @@ static size_t decode(const unsigned char *p, const unsigned char *end, char *out
         if (q >= end)
             break;
         char tmp[4];
-        size_t k = 1;
-        uint32_t cp = 0, lo = 0xDC00;
-        switch (q[1]) {
-        case 'b': tmp[0] = '\b'; break;
-        case 'f': tmp[0] = '\f'; break;
-        case 'n': tmp[0] = '\n'; break;
-        case 'r': tmp[0] = '\r'; break;
-        case 't': tmp[0] = '\t'; break;
-        case 'u':
-            json_hex4(q + 2, &cp);
-            if (cp >= 0xD800 && cp <= 0xDBFF) {
-                json_hex4(q + 8, &lo);
-                cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-                q += 6;
-            }
-            q += 4;
-            k = json_put_utf8(tmp, cp);
-            break;
-        default: tmp[0] = (char)q[1]; break; /* '"', '\\', '/' */
-        }
+        size_t k;
+        p = unescape(q, tmp, &k);
         for (size_t i = 0; i < k; i++, n++)
             if (n < cap)
                 out[n] = tmp[i];
-        p = q + 2;
     }
     return n;
 }
@@ -579,22 +599,58 @@ int kvr_json_span_member(const char *buf, const kvr_json_span *obj, const char *
     return 1;
 }
 
+/* The end of the string at p (its opening quote) in text already validated, skipped in
+ * bulk; *esc = 1 when it holds an escape. Never reads at or past `end`. */
+static const unsigned char *skip_string_valid(const unsigned char *p, const unsigned char *end,
+                                              int *esc)
+{
+    p++;
+#if defined(__SSE2__)
+    /* 16 bytes a step, escapes included: a block whose backslashes stand alone (none next to
+     * another, none last) escapes exactly the bytes after them, so its first unescaped quote
+     * ends the string; other blocks go escape by escape below. */
+    const __m128i quote = _mm_set1_epi8('"'), bslash = _mm_set1_epi8('\\');
+    while (end - p >= 16) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(const void *)p);
+        unsigned q = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(v, quote));
+        unsigned bs = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(v, bslash));
+        if (bs) {
+            *esc = 1;
+            if ((bs & (bs << 1)) || (bs & 0x8000)) {
+                p += __builtin_ctz(q | bs);
+                if (*p == '"')
+                    return p + 1;
+                p += 2;
+                continue;
+            }
+            q &= ~(bs << 1);
+        }
+        if (q)
+            return p + __builtin_ctz(q) + 1;
+        p += 16;
+    }
+#endif
+    for (;;) {
+        p = skip_bytes(p, end, 1);
+        if (p >= end)
+            return end;
+        if (*p == '"')
+            return p + 1;
+        *esc = 1;
+        p += 2; /* an escape never ends the string */
+    }
+}
+
 /* The end of the value at p in text already validated: strings skipped in bulk, containers
  * by depth. */
 static const unsigned char *skip_valid(const unsigned char *p, const unsigned char *end)
 {
     size_t depth = 0;
+    int esc;
     do {
         unsigned char c = *p;
         if (c == '"') {
-            p++;
-            for (;;) {
-                p = skip_plain(p, end);
-                if (p >= end || *p == '"')
-                    break;
-                p += *p == '\\' ? 2 : 1; /* an escape (never ends the string), or UTF-8 */
-            }
-            p++;
+            p = skip_string_valid(p, end, &esc);
         } else if (c == '{' || c == '[') {
             depth++;
             p++;
@@ -605,44 +661,170 @@ static const unsigned char *skip_valid(const unsigned char *p, const unsigned ch
             p++;
         } else { /* a number or a literal */
             while (p < end && *p != ',' && *p != '}' && *p != ']' && *p != ' ' && *p != '\t' &&
-                   *p != '\n' && *p != '\r')
+                   *p != '\n' && *p != '\r' && *p != ':')
                 p++;
         }
     } while (depth && p < end);
     return p;
 }
 
-int kvr_json_span_first(const char *buf, const kvr_json_span *arr, kvr_json_span *out)
+/* The value at p (validated text, p < end) into *out: kind, offsets from b, an integer's
+ * value, a string's `escaped`. Returns the byte after it. */
+static const unsigned char *describe(const unsigned char *b, const unsigned char *p,
+                                     const unsigned char *end, kvr_json_span *out)
 {
+    const unsigned char *e;
+    int esc = 0;
     memset(out, 0, sizeof(*out));
-    if (arr->kind != KVR_JSON_ARRAY)
-        return 0;
-    const unsigned char *b = (const unsigned char *)buf, *end = b + arr->off + arr->len;
-    const unsigned char *p = ws(b + arr->off + 1, end);
-    if (p >= end || *p == ']')
-        return 0;
-    const unsigned char *e = skip_valid(p, end);
-    out->off = (size_t)(p - b);
-    out->len = (size_t)(e - p);
     switch (*p) {
-    case '{': out->kind = KVR_JSON_OBJECT; break;
-    case '[': out->kind = KVR_JSON_ARRAY; break;
-    case 't': out->kind = KVR_JSON_TRUE; break;
-    case 'f': out->kind = KVR_JSON_FALSE; break;
-    case 'n': out->kind = KVR_JSON_NULL; break;
+    case '{': out->kind = KVR_JSON_OBJECT; e = skip_valid(p, end); break;
+    case '[': out->kind = KVR_JSON_ARRAY; e = skip_valid(p, end); break;
     case '"':
         out->kind = KVR_JSON_STRING;
-        out->escaped = memchr(p, '\\', out->len) != NULL;
+        e = skip_string_valid(p, end, &esc);
+        out->escaped = esc;
         break;
+    case 't': out->kind = KVR_JSON_TRUE; e = skip_valid(p, end); break;
+    case 'f': out->kind = KVR_JSON_FALSE; e = skip_valid(p, end); break;
+    case 'n': out->kind = KVR_JSON_NULL; e = skip_valid(p, end); break;
     default: {
         long long ival = 0;
         kvr_json_kind k = KVR_JSON_REAL;
+        e = skip_valid(p, end);
         number(p, e, &k, &ival);
         out->kind = k;
         out->ival = ival;
     }
     }
+    out->off = (size_t)(p - b);
+    out->len = (size_t)(e - p);
+    return e;
+}
+
+int kvr_json_iter_init(kvr_json_iter *it, const char *buf, const kvr_json_span *v)
+{
+    memset(it, 0, sizeof(*it));
+    it->buf = buf;
+    if ((v->kind != KVR_JSON_ARRAY && v->kind != KVR_JSON_OBJECT) || v->len < 2)
+        return 0;
+    it->object = v->kind == KVR_JSON_OBJECT;
+    it->pos = v->off + 1;
+    it->end = v->off + v->len - 1; /* the closing bracket */
     return 1;
+}
+
+/* The iterator is at its container's closing bracket (at p, or at its bound): done. A lazy
+ * iterator (kvr_json_iter_descend()) moves its parent past the container. */
+static int iter_done(kvr_json_iter *it, const unsigned char *p)
+{
+    const unsigned char *b = (const unsigned char *)it->buf;
+    it->pos = (size_t)(p - b);
+    it->end = it->pos;
+    if (it->parent) {
+        it->parent->pos = it->pos + 1;
+        it->parent = NULL;
+    }
+    return 0;
+}
+
+int kvr_json_iter_next(kvr_json_iter *it, kvr_json_span *name, kvr_json_span *val)
+{
+    if (it->pos >= it->end)
+        return 0; /* ended, or a zeroed iterator (no buffer) */
+    const unsigned char *b = (const unsigned char *)it->buf, *end = b + it->end;
+    const unsigned char *p = ws(b + it->pos, end);
+    if (p < end && *p == ',')
+        p = ws(p + 1, end);
+    /* In valid text a value is followed by ',' or its container's bracket: the bracket ends
+     * the walk even when `end` is only a bound (a lazy iterator's). */
+    if (p >= end || *p == '}' || *p == ']')
+        return iter_done(it, p < end ? p : end);
+    kvr_json_span tmp; /* described in place: a span is ~80 bytes, not worth a copy */
+    if (it->object) {
+        p = ws(describe(b, p, end, name ? name : &tmp), end);
+        if (p < end) /* the ':' */
+            p = ws(p + 1, end);
+        if (p >= end) /* not an object member: cannot happen in validated text */
+            return iter_done(it, end);
+    }
+    p = describe(b, p, end, val ? val : &tmp);
+    it->pos = (size_t)(p - b);
+    return 1;
+}
+
+int kvr_json_span_is(const char *buf, const kvr_json_span *s, const char *str)
+{
+    if (s->kind != KVR_JSON_STRING || s->len < 2)
+        return 0;
+    const unsigned char *p = (const unsigned char *)buf + s->off + 1, *e = p + s->len - 2;
+    if (!s->escaped) {
+        size_t n = s->len - 2;
+        return strncmp(str, (const char *)p, n) == 0 && str[n] == '\0';
+    }
+    size_t n = strlen(str);
+    if (n > KVR_JSON_SCAN_NAME_MAX)
+        return 0;
+    return key_is(p, e, 1, str);
+}
+
+int kvr_json_iter_descend(kvr_json_iter *it, kvr_json_span *val, kvr_json_iter *inner)
+{
+    memset(inner, 0, sizeof(*inner));
+    inner->buf = it->buf;
+    if (it->pos >= it->end)
+        return 0;
+    const unsigned char *b = (const unsigned char *)it->buf, *end = b + it->end;
+    const unsigned char *p = ws(b + it->pos, end);
+    if (p < end && *p == ',')
+        p = ws(p + 1, end);
+    if (p >= end || *p != '{' || it->object)
+        return kvr_json_iter_next(it, NULL, val);
+    memset(val, 0, sizeof(*val));
+    val->kind = KVR_JSON_OBJECT;
+    val->off = (size_t)(p - b);
+    it->pos = val->off; /* until `inner` ends */
+    inner->object = 1;
+    inner->pos = val->off + 1;
+    inner->end = it->end; /* a bound: the object's '}' ends the walk */
+    inner->parent = it;
+    return 1;
+}
+
+size_t kvr_json_iter_members(kvr_json_iter *it, const char *const *names, size_t n,
+                             kvr_json_span *out)
+{
+    size_t found = 0;
+    for (size_t i = 0; i < n; i++)
+        memset(&out[i], 0, sizeof(out[i]));
+    kvr_json_span k, v;
+    while (kvr_json_iter_next(it, &k, &v))
+        for (size_t i = 0; it->object && i < n; i++)
+            if (kvr_json_span_is(it->buf, &k, names[i])) {
+                found += out[i].kind == KVR_JSON_ABSENT;
+                out[i] = v;
+                break;
+            }
+    return found;
+}
+
+size_t kvr_json_span_members(const char *buf, const kvr_json_span *obj,
+                             const char *const *names, size_t n, kvr_json_span *out)
+{
+    kvr_json_iter it;
+    if (obj->kind != KVR_JSON_OBJECT || !kvr_json_iter_init(&it, buf, obj)) {
+        memset(out, 0, n * sizeof(*out));
+        return 0;
+    }
+    return kvr_json_iter_members(&it, names, n, out);
+}
+
+int kvr_json_span_first(const char *buf, const kvr_json_span *arr, kvr_json_span *out)
+{
+    kvr_json_iter it;
+    memset(out, 0, sizeof(*out));
+    if (arr->kind != KVR_JSON_ARRAY || !kvr_json_iter_init(&it, buf, arr))
+        return 0;
+    return kvr_json_iter_next(&it, NULL, out);
 }
 
 size_t kvr_json_span_string(const char *buf, const kvr_json_span *s, char *out, size_t cap)

@@ -79,6 +79,62 @@ int kvr_json_span_member(const char *buf, const kvr_json_span *obj, const char *
  *  KVR_JSON_ABSENT). */
 int kvr_json_span_first(const char *buf, const kvr_json_span *arr, kvr_json_span *out);
 
+/** A cursor over the elements of an array or the members of an object that kvr_json_scan()
+ *  accepted (a span it, kvr_json_span_member(), kvr_json_span_first() or this iterator
+ *  located in `buf`), for walking nested values without a tree: each step skips one value
+ *  (strings in bulk, containers by depth), so a walk is linear in the bytes walked. The text
+ *  is assumed valid (it was scanned); reads stay inside the container's span. Holds no
+ *  memory: copy or drop it freely; an all-zero one gives nothing. */
+typedef struct kvr_json_iter {
+    const char *buf; /**< the scanned buffer (borrowed) */
+    size_t pos;      /**< offset of the next byte to read; past the last value, the offset
+                          of the closing bracket */
+    size_t end;      /**< offset of the container's closing bracket, or a bound of it (an
+                          iterator from kvr_json_iter_descend()) */
+    int object;      /**< 1: members of an object; 0: elements of an array */
+    struct kvr_json_iter *parent; /**< kvr_json_iter_descend()'s iterator to move on when
+                                       this one ends, or NULL */
+} kvr_json_iter;
+
+/** Starts `*it` at the first element or member of `v` (an array or object span of `buf`).
+ *  Returns 1, or 0 when `v` is neither (then kvr_json_iter_next() returns 0 at once). */
+int kvr_json_iter_init(kvr_json_iter *it, const char *buf, const kvr_json_span *v);
+
+/** The next element (array) or member (object), in the order written; duplicate member
+ *  names come as often as written (the last is the value a tree keeps). `*val` (may be NULL)
+ *  gets the value's span: kind, offsets from the start of `buf`, an integer's value, a
+ *  string's `escaped`; no array summary. For an object, `*name` (may be NULL) gets the member
+ *  name as a KVR_JSON_STRING span (quotes included; decode it with kvr_json_span_string() or
+ *  compare it with kvr_json_span_is()). Returns 1, or 0 past the last one. */
+int kvr_json_iter_next(kvr_json_iter *it, kvr_json_span *name, kvr_json_span *val);
+
+/** kvr_json_iter_next() for the elements of an array that are walked anyway, without
+ *  skipping an object element first (one pass over it instead of two): when the next element
+ *  of the array iterator `*it` is an object, `*val` gets its kind and offset (len 0: not
+ *  known yet) and `*inner` iterates its members; walking `*inner` to its end (until
+ *  kvr_json_iter_next() returns 0, or kvr_json_iter_members()) moves `*it` past the object,
+ *  whose length is then `it->pos - val->off`. `*it` must not be used before that. Any other
+ *  element comes as from kvr_json_iter_next() (len known) and `*inner` gives nothing; so do
+ *  the members of an object iterator. Returns 1, or 0 past the last element. */
+int kvr_json_iter_descend(kvr_json_iter *it, kvr_json_span *val, kvr_json_iter *inner);
+
+/** kvr_json_span_members() over the members an object iterator has left (all of them after
+ *  kvr_json_iter_init() or kvr_json_iter_descend()), walking it to its end. */
+size_t kvr_json_iter_members(kvr_json_iter *it, const char *const *names, size_t n,
+                             kvr_json_span *out);
+
+/** 1 when the string span `s` of `buf` decodes to exactly the NUL-terminated `str` (at most
+ *  KVR_JSON_SCAN_NAME_MAX bytes when `s` has escapes; "mod\u0065l" is "model"), else 0 (also
+ *  when `s` is no string). Never allocates. */
+int kvr_json_span_is(const char *buf, const kvr_json_span *s, const char *str);
+
+/** The members named `names[0..n-1]` (distinct, each at most KVR_JSON_SCAN_NAME_MAX bytes) of
+ *  the object `obj` (a span of `buf`) in one pass over its members: `out[i]` gets the value
+ *  of the last member named `names[i]` (as kvr_json_iter_next() gives it) or KVR_JSON_ABSENT.
+ *  Returns how many names were found (0 also when `obj` is no object). */
+size_t kvr_json_span_members(const char *buf, const kvr_json_span *obj,
+                             const char *const *names, size_t n, kvr_json_span *out);
+
 /** Decodes the string `s` (a KVR_JSON_STRING span of `buf`) into `out`, writing at most `cap`
  *  bytes (no NUL added). Returns the decoded length in bytes, which may exceed `cap` (then
  *  call again with a larger buffer); 0 when `s` is not a string. Decoded strings never hold a

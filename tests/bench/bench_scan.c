@@ -2,9 +2,11 @@
  * bytes/s of the validating scanner (util/json_scan.h) as the proxy runs it
  * (kvr_body_fields_scan + kvr_api_validate_fields), of the bare scan, and of the tree it
  * replaces (kvr_json_read + kvr_api_validate + json_decref; jansson's json_loadb for
- * reference), on three chat bodies: 8 KB and 64 KB single-turn ones shaped like
- * bench/overhead.sh's, and the largest tau-bench airline conversation (data/, a real
- * multi-turn agent body with tool calls) as one request.
+ * reference), and of the routing text (from the tree as before, from the scan as now, with
+ * the tools cache hitting and missing), on chat bodies: 8 KB and 64 KB single-turn ones
+ * shaped like bench/overhead.sh's, the largest tau-bench airline conversation (data/, a
+ * real multi-turn agent body with tool calls) as one request, and that body with a 12-tool
+ * list (text cells only).
  *
  * Usage: bench-scan [TRAJECTORIES.jsonl] [SECONDS per cell, default 0.3]. Prints a Markdown
  * table; each figure is the best of 5 timed runs (the machine is shared: the best run is
@@ -17,6 +19,7 @@
 
 #include "api/validate.h"
 #include "routing/fields.h"
+#include "routing/text_scan.h"
 #include "util/json_read.h"
 #include "util/json_scan.h"
 
@@ -78,9 +81,49 @@ static char *tau_body(const char *path)
     return best;
 }
 
-typedef enum { SCAN_FIELDS, SCAN_BARE, TREE_READ, TREE_JANSSON, TEXT_SCAN, TEXT_TREE } what;
+/* `body` with a tools list added: 12 function tools with JSON-schema parameters, the size
+ * of an agent's toolset (~7 KB). */
+static char *with_tools(const char *body)
+{
+    json_t *j = json_loads(body, 0, NULL), *tools = json_array();
+    for (int i = 0; j && i < 12; i++) {
+        char name[32];
+        snprintf(name, sizeof(name), "tool_%02d", i);
+        json_array_append_new(
+            tools, json_pack("{s:s,s:{s:s,s:s,s:{s:s,s:{s:{s:s,s:s},s:{s:s,s:i},s:{s:s,s:[s,s,s]},"
+                             "s:{s:s,s:{s:s}}},s:[s,s]}}}",
+                             "type", "function", "function", "name", name, "description",
+                             "Look up or change one part of a reservation: the agent calls it "
+                             "after confirming the details with the user, never before.",
+                             "parameters", "type", "object", "properties", "reservation_id",
+                             "type", "string", "description", "The reservation id, e.g. 8JX2WO.",
+                             "count", "type", "integer", "minimum", 0, "cabin", "type",
+                             "string", "enum", "basic_economy", "economy", "business",
+                             "passengers", "type", "array", "items", "type", "object",
+                             "required", "reservation_id", "cabin"));
+    }
+    char *s = NULL;
+    if (j && json_object_set_new(j, "tools", tools) == 0)
+        s = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    return s;
+}
+
+typedef enum {
+    SCAN_FIELDS,
+    SCAN_BARE,
+    TREE_READ,
+    TREE_JANSSON,
+    TEXT_SCAN_TREE,
+    TEXT_TREE,
+    TEXT_SCAN,
+    TEXT_SCAN_MISS,
+    TEXT_ALONE_SCAN,
+    TEXT_ALONE_TREE
+} what;
 
 static volatile size_t g_sink;
+static kvr_text_cache *g_cache; /* the proxy's app->text_cache */
 static kvr_session_sources g_src; /* parsed once, as the proxy has it (app->session_sources) */
 
 /* The routing text of a chat body from its tree (what cache_aware reads). */
@@ -118,7 +161,37 @@ static void once(what w, const char *b, size_t len)
         json_decref(j);
         break;
     }
-    case TEXT_SCAN: { /* a text policy among routes that do not all read it */
+    case TEXT_SCAN:      /* the proxy's path now: no tree */
+    case TEXT_SCAN_MISS: /* the same with a tools section built every time */
+    case TEXT_ALONE_SCAN: {
+        static kvr_body_fields f;
+        if (kvr_body_fields_scan(&f, b, len, &g_src) < 0 ||
+            (w != TEXT_ALONE_SCAN &&
+             kvr_api_validate_fields(&f, KVR_EP_CHAT, msg, sizeof(msg), &param) != 0))
+            abort();
+        kvr_buf t;
+        kvr_buf_init(&t, 32u << 20);
+        if (kvr_route_text_scan(b, kvr_body_field(&f, KVR_FIELD_TOOLS),
+                                kvr_body_field(&f, KVR_FIELD_FUNCTIONS),
+                                kvr_body_field(&f, KVR_FIELD_MESSAGES),
+                                w == TEXT_SCAN_MISS ? NULL : g_cache, &t) < 0)
+            abort();
+        g_sink += t.len;
+        kvr_buf_free(&t);
+        break;
+    }
+    case TEXT_ALONE_TREE: { /* the text from a tree already read (the tree's share) */
+        static json_t *j;
+        static const char *jb;
+        if (jb != b) {
+            json_decref(j);
+            j = kvr_json_read(b, len, NULL);
+            jb = b;
+        }
+        text_of(j);
+        break;
+    }
+    case TEXT_SCAN_TREE: { /* a text policy among routes that do not all read it (before) */
         static kvr_body_fields f;
         if (kvr_body_fields_scan(&f, b, len, &g_src) < 0 ||
             kvr_api_validate_fields(&f, KVR_EP_CHAT, msg, sizeof(msg), &param) != 0)
@@ -179,24 +252,34 @@ int main(int argc, char **argv)
     const char *tau = argc > 1 ? argv[1] : "data/tau-bench-airline-gpt4o/trajectories.jsonl";
     double secs = argc > 2 ? atof(argv[2]) : 0.3;
     kvr_session_sources_default(&g_src);
+    g_cache = kvr_text_cache_new();
+    char *tb = tau_body(tau);
     struct {
         const char *name;
         char *body;
+        int text_only; /* only the routing-text cells */
     } bodies[] = {
-        {"8 KB chat", chat_body(8192)},
-        {"64 KB chat", chat_body(65536)},
-        {"tau-bench airline, longest conversation", tau_body(tau)},
+        {"8 KB chat", chat_body(8192), 0},
+        {"64 KB chat", chat_body(65536), 0},
+        {"tau-bench airline, longest conversation", tb, 0},
+        {"the same + 12 tools", tb ? with_tools(tb) : NULL, 1},
     };
     static const struct {
         what w;
+        int text; /* a routing-text cell */
         const char *name;
     } cells[] = {
-        {SCAN_FIELDS, "scan: kvr_body_fields_scan + kvr_api_validate_fields (the proxy's path)"},
-        {SCAN_BARE, "scan: kvr_json_scan alone (validation only)"},
-        {TREE_READ, "tree: kvr_json_read + kvr_api_validate + json_decref (before)"},
-        {TREE_JANSSON, "tree: jansson json_loadb + json_decref (reference)"},
-        {TEXT_TREE, "routing text, every route reads it: tree + validate + text (as before)"},
-        {TEXT_SCAN, "routing text, mixed routes: scan + validate + tree + text"},
+        {SCAN_FIELDS, 0, "scan: kvr_body_fields_scan + kvr_api_validate_fields (the proxy's path)"},
+        {SCAN_BARE, 0, "scan: kvr_json_scan alone (validation only)"},
+        {TREE_READ, 0, "tree: kvr_json_read + kvr_api_validate + json_decref (before)"},
+        {TREE_JANSSON, 0, "tree: jansson json_loadb + json_decref (reference)"},
+        {TEXT_TREE, 1, "routing text, every route reads it: tree + validate + text (before)"},
+        {TEXT_SCAN_TREE, 1, "routing text, mixed routes: scan + validate + tree + text (before)"},
+        {TEXT_SCAN, 1, "routing text from the scan: scan + validate + kvr_route_text_scan "
+                       "(now; tools cache hit)"},
+        {TEXT_SCAN_MISS, 1, "the same, tools cache miss (tools section built every time)"},
+        {TEXT_ALONE_TREE, 1, "text alone: kvr_route_text_build on a tree already read"},
+        {TEXT_ALONE_SCAN, 1, "text alone: kvr_body_fields_scan + kvr_route_text_scan"},
     };
     printf("| body | bytes | what | µs per body | MB/s (10^6 bytes/s) |\n");
     printf("|---|---:|---|---:|---:|\n");
@@ -207,12 +290,16 @@ int main(int argc, char **argv)
         }
         size_t len = strlen(bodies[i].body);
         for (size_t c = 0; c < sizeof(cells) / sizeof(cells[0]); c++) {
+            if (bodies[i].text_only && !cells[c].text)
+                continue;
             double t = per_call(cells[c].w, bodies[i].body, len, secs);
             printf("| %s | %zu | %s | %.2f | %.0f |\n", bodies[i].name, len, cells[c].name,
                    t * 1e6, (double)len / t / 1e6);
             fflush(stdout);
         }
-        free(bodies[i].body);
     }
+    for (size_t i = 0; i < sizeof(bodies) / sizeof(bodies[0]); i++)
+        free(bodies[i].body);
+    kvr_text_cache_free(g_cache);
     return 0;
 }

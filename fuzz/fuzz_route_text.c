@@ -1,0 +1,95 @@
+/* libFuzzer harness: the routing text built from the scan of a body (routing/text_scan.h)
+ * against the text built from its tree (routing/keys.h), for chat and completions.
+ *
+ * For every input kvr_json_scan() accepts (kvr_json_read() must then accept it too), the
+ * scan text must equal the tree text byte for byte with the same return code: uncapped,
+ * and cut at small caps (1 byte, 7 bytes, half the text, the text's length, one byte less).
+ * The chat text is built three times from the scan: without a tools cache, then twice with
+ * one (the first call may miss, the second must hit whenever there is a tools section), so
+ * a cached tools section is checked against the tree as well. */
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "routing/fields.h"
+#include "routing/keys.h"
+#include "routing/text_scan.h"
+#include "util/json_read.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static kvr_text_cache *g_cache;
+
+/* The text from the scan for `kind` (chat or completions), cap `cap`, into `out`. */
+static int scan_text(const kvr_body_fields *f, kvr_route_kind kind, kvr_text_cache *cache,
+                     kvr_buf *out)
+{
+    if (kind == KVR_ROUTE_COMPLETIONS)
+        return kvr_route_text_scan_prompt(f->buf, kvr_body_field(f, KVR_FIELD_PROMPT), out);
+    return kvr_route_text_scan(f->buf, kvr_body_field(f, KVR_FIELD_TOOLS),
+                               kvr_body_field(f, KVR_FIELD_FUNCTIONS),
+                               kvr_body_field(f, KVR_FIELD_MESSAGES), cache, out);
+}
+
+static void check(const kvr_body_fields *f, const json_t *tree, kvr_route_kind kind,
+                  size_t cap, kvr_text_cache *cache)
+{
+    kvr_buf a, b;
+    kvr_buf_init(&a, cap);
+    kvr_buf_init(&b, cap);
+    int ra = kvr_route_text_build(tree, kind, &a);
+    int rb = scan_text(f, kind, cache, &b);
+    if (ra < 0 || rb < 0)
+        abort(); /* out of memory: not a finding */
+    if (ra != rb || a.len != b.len || (a.len && memcmp(a.data, b.data, a.len) != 0))
+        __builtin_trap();
+    kvr_buf_free(&a);
+    kvr_buf_free(&b);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    static kvr_body_fields f;
+    if (!g_cache && !(g_cache = kvr_text_cache_new()))
+        abort();
+    const char *buf = (const char *)data;
+    if (kvr_body_fields_scan(&f, buf, size, NULL) < 0)
+        return 0;
+    json_t *tree = kvr_json_read(buf, size, NULL);
+    if (!tree)
+        __builtin_trap(); /* json_scan.h: the same acceptance */
+    if (!f.object) { /* an array body has no text; the scan sees no members */
+        json_decref(tree);
+        return 0;
+    }
+    for (int k = 0; k < 2; k++) {
+        kvr_route_kind kind = k ? KVR_ROUTE_COMPLETIONS : KVR_ROUTE_CHAT;
+        kvr_buf full;
+        kvr_buf_init(&full, 0);
+        if (kvr_route_text_build(tree, kind, &full) < 0)
+            abort();
+        check(&f, tree, kind, 0, NULL);
+        if (kind == KVR_ROUTE_CHAT) {
+            uint64_t h0, m0, h1, m1;
+            kvr_text_cache_stats(g_cache, &h0, &m0);
+            check(&f, tree, kind, 0, g_cache);
+            check(&f, tree, kind, 0, g_cache);
+            kvr_text_cache_stats(g_cache, &h1, &m1);
+            if (h1 + m1 != h0 + m0 && h1 == h0)
+                __builtin_trap(); /* the second lookup of the same tools must hit */
+        }
+        size_t caps[] = {1, 7, full.len / 2, full.len, full.len > 1 ? full.len - 1 : 0};
+        for (size_t i = 0; i < sizeof(caps) / sizeof(caps[0]); i++)
+            if (caps[i]) {
+                check(&f, tree, kind, caps[i], NULL);
+                if (kind == KVR_ROUTE_CHAT)
+                    check(&f, tree, kind, caps[i], g_cache);
+            }
+        kvr_buf_free(&full);
+    }
+    json_decref(tree);
+    return 0;
+}

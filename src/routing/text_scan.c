@@ -1,0 +1,390 @@
+/* Routing text from a body's scan. See text_scan.h; the framing is routing/keys.h's. */
+/* XXH3_state_t on the stack: no allocation per lookup. */
+#define XXH_STATIC_LINKING_ONLY
+#include "routing/text_scan.h"
+
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "routing/keys.h"
+#include "routing/text_writer.h"
+#include "util/json_read.h"
+
+/* Most bytes reserved for a text before it is written (kvr_route_text_scan()). */
+#define TEXT_RESERVE_MAX (256u << 10)
+
+struct kvr_text_cache {
+    struct {
+        XXH128_hash_t key; /* of the raw tools and functions spans */
+        char *text;        /* their tools section (NULL when empty) */
+        int valid;         /* 0: a free entry */
+        size_t len;
+        uint64_t used;     /* tick of the last use, for LRU */
+    } e[KVR_TEXT_CACHE_ENTRIES];
+    uint64_t tick, hits, misses;
+};
+
+kvr_text_cache *kvr_text_cache_new(void)
+{
+    return calloc(1, sizeof(kvr_text_cache));
+}
+
+void kvr_text_cache_free(kvr_text_cache *c)
+{
+    if (!c)
+        return;
+    for (size_t i = 0; i < KVR_TEXT_CACHE_ENTRIES; i++)
+        free(c->e[i].text);
+    free(c);
+}
+
+void kvr_text_cache_stats(const kvr_text_cache *c, uint64_t *hits, uint64_t *misses)
+{
+    *hits = c ? c->hits : 0;
+    *misses = c ? c->misses : 0;
+}
+
+/* A walk of one body: the writer, the body, and a scratch buffer that decodes escaped
+ * strings (grown to the longest one, freed at the end: one allocation per request at most
+ * rather than one per string). */
+typedef struct ctx {
+    kvr_text_writer w;
+    const char *buf;
+    char *scratch;
+    size_t scap;
+} ctx;
+
+static int done(const ctx *c)
+{
+    return c->w.cut || c->w.oom;
+}
+
+/* A string span's decoded bytes. */
+static void put_string(ctx *c, const kvr_json_span *s)
+{
+    if (!s->escaped) {
+        kvr_text_put(&c->w, c->buf + s->off + 1, s->len - 2);
+        return;
+    }
+    if (done(c))
+        return;
+    if (c->scap < s->len) { /* decoded bytes never outnumber the quoted ones */
+        size_t n = c->scap ? c->scap : 4096;
+        while (n < s->len)
+            n *= 2;
+        free(c->scratch); /* nothing to keep: no realloc copy */
+        if (!(c->scratch = malloc(n))) {
+            c->scap = 0;
+            c->w.oom = 1;
+            return;
+        }
+        c->scap = n;
+    }
+    size_t n = kvr_json_span_string(c->buf, s, c->scratch, c->scap);
+    kvr_text_put(&c->w, c->scratch, n);
+}
+
+/* The value of a span as a jansson value (the body was scanned: only memory can fail).
+ * Containers (a data: URL part can be megabytes) go through kvr_json_read, several times
+ * faster than json_loadb and building the same value; it takes no scalars, which are small. */
+static json_t *read_span(const char *buf, const kvr_json_span *v)
+{
+    json_error_t e;
+    if (v->kind == KVR_JSON_OBJECT || v->kind == KVR_JSON_ARRAY)
+        return kvr_json_read(buf + v->off, v->len, NULL);
+    return json_loadb(buf + v->off, v->len, JSON_DECODE_ANY, &e);
+}
+
+static json_t *load(ctx *c, const kvr_json_span *v)
+{
+    json_t *j = read_span(c->buf, v);
+    if (!j)
+        c->w.oom = 1;
+    return j;
+}
+
+/* `put` (kvr_text_canon or kvr_text_digest_field) on the value of span `v`, read with
+ * jansson: the rare values whose text is their canonical JSON. */
+static void put_read(ctx *c, const kvr_json_span *v,
+                     void (*put)(kvr_text_writer *, const json_t *))
+{
+    if (done(c))
+        return;
+    json_t *j = load(c, v);
+    if (j)
+        put(&c->w, j);
+    json_decref(j);
+}
+
+static void put_canon(ctx *c, const kvr_json_span *v)
+{
+    put_read(c, v, kvr_text_canon);
+}
+
+static void put_digest(ctx *c, const kvr_json_span *v)
+{
+    put_read(c, v, kvr_text_digest_field);
+}
+
+/* A value that should be a string (name, arguments): its bytes, else its canonical JSON. */
+static void put_text_or_canon(ctx *c, const kvr_json_span *v)
+{
+    if (v->kind == KVR_JSON_STRING)
+        put_string(c, v);
+    else if (v->kind != KVR_JSON_ABSENT && v->kind != KVR_JSON_NULL)
+        put_canon(c, v);
+}
+
+/* A non-empty string as a 'c' field (a string span of 2 bytes is ""; an escape always
+ * decodes to at least one byte). */
+static void put_text_field(ctx *c, const kvr_json_span *s)
+{
+    if (s->len > 2) {
+        kvr_text_field(&c->w, 'c');
+        put_string(c, s);
+    }
+}
+
+static int is_text_part_type(const ctx *c, const kvr_json_span *t)
+{
+    return kvr_json_span_is(c->buf, t, "text") || kvr_json_span_is(c->buf, t, "input_text") ||
+           kvr_json_span_is(c->buf, t, "output_text");
+}
+
+/* Content: a string, or parts in order; text parts as 'c', the rest as digests. */
+static void put_content(ctx *c, const kvr_json_span *content)
+{
+    if (content->kind == KVR_JSON_ABSENT || content->kind == KVR_JSON_NULL)
+        return;
+    if (content->kind == KVR_JSON_STRING) {
+        put_text_field(c, content);
+        return;
+    }
+    if (content->kind != KVR_JSON_ARRAY) {
+        put_digest(c, content);
+        return;
+    }
+    static const char *const names[] = {"type", "text"};
+    kvr_json_iter it, in;
+    kvr_json_span part, m[2];
+    kvr_json_iter_init(&it, c->buf, content);
+    while (!done(c) && kvr_json_iter_descend(&it, &part, &in)) {
+        if (part.kind == KVR_JSON_STRING) {
+            put_text_field(c, &part);
+            continue;
+        }
+        kvr_json_iter_members(&in, names, 2, m); /* none when no object */
+        if (part.kind == KVR_JSON_OBJECT)
+            part.len = it.pos - part.off; /* known now that `in` ended */
+        if (m[1].kind == KVR_JSON_STRING && is_text_part_type(c, &m[0])) {
+            put_text_field(c, &m[1]);
+            continue;
+        }
+        put_digest(c, &part);
+    }
+}
+
+/* A tool call or legacy function call: the object holding name and arguments. */
+static void put_call(ctx *c, const kvr_json_span *fn)
+{
+    static const char *const names[] = {"name", "arguments"};
+    kvr_json_span m[2];
+    kvr_json_span_members(c->buf, fn, names, 2, m);
+    kvr_text_field(&c->w, 'f');
+    put_text_or_canon(c, &m[0]);
+    kvr_text_field(&c->w, 'a');
+    put_text_or_canon(c, &m[1]);
+}
+
+enum { M_ROLE, M_NAME, M_TOOL_CALL_ID, M_CONTENT, M_TOOL_CALLS, M_FUNCTION_CALL, M_COUNT };
+
+/* A message: `msg` as kvr_json_iter_descend() gave it, `in` its members when an object. */
+static void put_message(ctx *c, const kvr_json_span *msg, kvr_json_iter *in)
+{
+    static const char *const names[M_COUNT] = {/* in the enum's order */
+                                               "role",    "name",       "tool_call_id",
+                                               "content", "tool_calls", "function_call"};
+    if (msg->kind != KVR_JSON_OBJECT) {
+        kvr_text_rec_start_s(&c->w, "#item");
+        put_digest(c, msg);
+        kvr_text_rec_end(&c->w);
+        return;
+    }
+    kvr_json_span m[M_COUNT];
+    kvr_json_iter_members(in, names, M_COUNT, m);
+    kvr_text_putc(&c->w, KVR_TEXT_RS);
+    if (m[M_ROLE].kind == KVR_JSON_STRING)
+        put_string(c, &m[M_ROLE]);
+    else if (m[M_ROLE].kind != KVR_JSON_ABSENT)
+        put_canon(c, &m[M_ROLE]);
+    if (m[M_NAME].kind == KVR_JSON_STRING) {
+        kvr_text_field(&c->w, 'n');
+        put_string(c, &m[M_NAME]);
+    }
+    if (m[M_TOOL_CALL_ID].kind == KVR_JSON_STRING) {
+        kvr_text_field(&c->w, 'i');
+        put_string(c, &m[M_TOOL_CALL_ID]);
+    }
+    put_content(c, &m[M_CONTENT]);
+    static const char *const fn_name = "function";
+    kvr_json_iter it = {0}, tin; /* a zeroed iterator has nothing to give */
+    kvr_json_span tc, fn;
+    if (m[M_TOOL_CALLS].kind == KVR_JSON_ARRAY)
+        kvr_json_iter_init(&it, c->buf, &m[M_TOOL_CALLS]);
+    while (!done(c) && kvr_json_iter_descend(&it, &tc, &tin)) {
+        kvr_json_iter_members(&tin, &fn_name, 1, &fn);
+        if (tc.kind == KVR_JSON_OBJECT)
+            tc.len = it.pos - tc.off;
+        if (fn.kind == KVR_JSON_OBJECT)
+            put_call(c, &fn);
+        else
+            put_digest(c, &tc);
+    }
+    if (m[M_FUNCTION_CALL].kind == KVR_JSON_OBJECT)
+        put_call(c, &m[M_FUNCTION_CALL]);
+    kvr_text_rec_end(&c->w);
+}
+
+/* ---- tools ---------------------------------------------------------------------------- */
+
+/* The tools section built by the tree code (routing/keys.c sorts by name, ties by canonical
+ * JSON): a chat body holding only `tools` and `functions` has exactly that text. Only the
+ * arrays count (anything else adds no tool), so only they are read. Uncapped. Returns 0 or
+ * -1 (memory). */
+static int tools_text(const char *buf, const kvr_json_span *tools, const kvr_json_span *fns,
+                      kvr_buf *out)
+{
+    json_t *body = json_object();
+    int rc = body ? 0 : -1;
+    const kvr_json_span *spans[2] = {tools, fns};
+    static const char *const keys[2] = {"tools", "functions"};
+    for (int i = 0; i < 2 && rc == 0; i++) {
+        if (spans[i]->kind != KVR_JSON_ARRAY)
+            continue;
+        json_t *v = read_span(buf, spans[i]);
+        if (!v || json_object_set_new(body, keys[i], v) < 0)
+            rc = -1;
+    }
+    if (rc == 0 && kvr_route_text_build(body, KVR_ROUTE_CHAT, out) != 0)
+        rc = -1; /* uncapped: only memory can fail */
+    json_decref(body);
+    return rc;
+}
+
+static void put_tools(ctx *c, const kvr_json_span *tools, const kvr_json_span *fns,
+                      kvr_text_cache *cache)
+{
+    if (tools->kind != KVR_JSON_ARRAY && fns->kind != KVR_JSON_ARRAY)
+        return;
+    if ((tools->kind != KVR_JSON_ARRAY || tools->len == 2) &&
+        (fns->kind != KVR_JSON_ARRAY || fns->len == 2))
+        return; /* "[]": no tool (the scanner's spans of arrays end at their bracket) */
+    XXH128_hash_t key = {0, 0};
+    if (cache) {
+        /* The two spans with their kinds and lengths, so no two pairs hash alike by how
+         * their bytes split. */
+        XXH3_state_t st;
+        uint64_t hdr[4] = {tools->kind, tools->kind == KVR_JSON_ARRAY ? tools->len : 0,
+                           fns->kind, fns->kind == KVR_JSON_ARRAY ? fns->len : 0};
+        XXH3_128bits_reset(&st);
+        XXH3_128bits_update(&st, hdr, sizeof(hdr));
+        if (tools->kind == KVR_JSON_ARRAY)
+            XXH3_128bits_update(&st, c->buf + tools->off, tools->len);
+        if (fns->kind == KVR_JSON_ARRAY)
+            XXH3_128bits_update(&st, c->buf + fns->off, fns->len);
+        key = XXH3_128bits_digest(&st);
+        cache->tick++;
+        for (size_t i = 0; i < KVR_TEXT_CACHE_ENTRIES; i++)
+            if (cache->e[i].valid && XXH128_isEqual(cache->e[i].key, key)) {
+                cache->e[i].used = cache->tick;
+                cache->hits++;
+                kvr_text_put(&c->w, cache->e[i].text, cache->e[i].len);
+                return;
+            }
+        cache->misses++;
+    }
+    kvr_buf t;
+    kvr_buf_init(&t, 0);
+    if (tools_text(c->buf, tools, fns, &t) < 0) {
+        kvr_buf_free(&t);
+        c->w.oom = 1;
+        return;
+    }
+    kvr_text_put(&c->w, t.data, t.len);
+    if (!cache || t.len > KVR_TEXT_CACHE_MAX_BYTES) {
+        kvr_buf_free(&t);
+        return;
+    }
+    size_t victim = 0; /* a free entry, else the least recently used */
+    for (size_t i = 0; i < KVR_TEXT_CACHE_ENTRIES; i++) {
+        if (!cache->e[i].valid) {
+            victim = i;
+            break;
+        }
+        if (cache->e[i].used < cache->e[victim].used)
+            victim = i;
+    }
+    free(cache->e[victim].text);
+    cache->e[victim].key = key;
+    cache->e[victim].text = t.data; /* the buffer's bytes change hands */
+    cache->e[victim].len = t.len;
+    cache->e[victim].valid = 1;
+    cache->e[victim].used = cache->tick;
+}
+
+/* ---- entry points --------------------------------------------------------------------- */
+
+static int finish(ctx *c)
+{
+    free(c->scratch);
+    return c->w.oom ? -1 : c->w.cut ? 1 : 0;
+}
+
+int kvr_route_text_scan(const char *buf, const kvr_json_span *tools,
+                        const kvr_json_span *functions, const kvr_json_span *messages,
+                        kvr_text_cache *cache, kvr_buf *out)
+{
+    ctx c = {.w = {.b = out}, .buf = buf};
+    /* The text is about as long as the messages as written: one allocation up front rather
+     * than a copy per doubling. Bounded: a message holding a large image is a short text (a
+     * digest), and the text lives as long as its request. */
+    size_t hint = messages->kind == KVR_JSON_ARRAY ? messages->len : 0;
+    if (hint && kvr_buf_reserve(out, hint < TEXT_RESERVE_MAX ? hint : TEXT_RESERVE_MAX) < 0)
+        return -1;
+    put_tools(&c, tools, functions, cache);
+    kvr_json_iter it = {0}, in; /* a zeroed iterator has nothing to give */
+    kvr_json_span m;
+    if (messages->kind == KVR_JSON_ARRAY) /* anything else: no message, as the tree */
+        kvr_json_iter_init(&it, buf, messages);
+    while (!done(&c) && kvr_json_iter_descend(&it, &m, &in)) {
+        put_message(&c, &m, &in);
+        if (in.parent) /* `in` not walked to its end (cannot happen): leave the walk */
+            break;
+    }
+    return finish(&c);
+}
+
+int kvr_route_text_scan_prompt(const char *buf, const kvr_json_span *prompt, kvr_buf *out)
+{
+    ctx c = {.w = {.b = out}, .buf = buf};
+    if (prompt->kind == KVR_JSON_STRING) {
+        put_string(&c, prompt);
+        return finish(&c);
+    }
+    if (prompt->kind == KVR_JSON_ABSENT || prompt->kind == KVR_JSON_NULL)
+        return finish(&c);
+    /* Token ids and batches: the tree code on the prompt alone (the text is the prompt's). */
+    json_t *v = load(&c, prompt), *body = v ? json_object() : NULL;
+    if (body && json_object_set(body, "prompt", v) == 0) {
+        int rc = kvr_route_text_build(body, KVR_ROUTE_COMPLETIONS, out);
+        c.w.oom = rc < 0;
+        c.w.cut = rc == 1;
+    } else {
+        c.w.oom = 1;
+    }
+    json_decref(body);
+    json_decref(v);
+    return finish(&c);
+}

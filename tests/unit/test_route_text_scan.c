@@ -1,0 +1,291 @@
+/* The routing text from a body's scan (routing/text_scan.h) against the text from its tree
+ * (routing/keys.h): same bytes, same return code, cap cuts included. Hand-written bodies
+ * cover what real traffic rarely holds (escapes, odd roles, non-text parts, tool calls with
+ * non-string arguments, duplicate keys); every request of the tau-bench and SWE-agent
+ * traces (data/) is checked as well. Also the json_scan iterator the builder walks with. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <jansson.h>
+
+#include "routing/fields.h"
+#include "routing/keys.h"
+#include "routing/text_scan.h"
+#include "util/json_read.h"
+#include "util/json_scan.h"
+
+static const char *data_dir(void)
+{
+    const char *d = getenv("KVROUTE_DATA");
+    return d && *d ? d : "data";
+}
+
+static kvr_body_fields g_f;
+
+/* Both texts of `body` for `kind` at cap `cap`; asserts they are equal; returns the code. */
+static int same_text(const char *body, size_t len, kvr_route_kind kind, size_t cap,
+                     kvr_text_cache *cache)
+{
+    if (kvr_body_fields_scan(&g_f, body, len, NULL) < 0)
+        fail_msg("the scan refused: %.*s", (int)(len > 200 ? 200 : len), body);
+    json_t *tree = kvr_json_read(body, len, NULL);
+    assert_non_null(tree);
+    kvr_buf a, b;
+    kvr_buf_init(&a, cap);
+    kvr_buf_init(&b, cap);
+    int ra = kvr_route_text_build(tree, kind, &a);
+    int rb = kind == KVR_ROUTE_COMPLETIONS
+                 ? kvr_route_text_scan_prompt(body, kvr_body_field(&g_f, KVR_FIELD_PROMPT), &b)
+                 : kvr_route_text_scan(body, kvr_body_field(&g_f, KVR_FIELD_TOOLS),
+                                       kvr_body_field(&g_f, KVR_FIELD_FUNCTIONS),
+                                       kvr_body_field(&g_f, KVR_FIELD_MESSAGES), cache, &b);
+    assert_int_equal(ra, rb);
+    assert_int_equal(a.len, b.len);
+    if (a.len && memcmp(a.data, b.data, a.len) != 0)
+        fail_msg("texts differ for %.*s", (int)(len > 200 ? 200 : len), body);
+    kvr_buf_free(&a);
+    kvr_buf_free(&b);
+    json_decref(tree);
+    return ra;
+}
+
+/* Uncapped, then cut at every cap up to the text's length + 1: the same text and code. */
+static void check_all_caps(const char *body, kvr_route_kind kind)
+{
+    size_t len = strlen(body);
+    assert_int_equal(same_text(body, len, kind, 0, NULL), 0);
+    json_t *tree = kvr_json_read(body, len, NULL);
+    kvr_buf full;
+    kvr_buf_init(&full, 0);
+    kvr_route_text_build(tree, kind, &full);
+    json_decref(tree);
+    for (size_t cap = 1; cap <= full.len + 1; cap++)
+        assert_int_equal(same_text(body, len, kind, cap, NULL), cap < full.len ? 1 : 0);
+    kvr_buf_free(&full);
+}
+
+static const char *const g_chat[] = {
+    /* escapes and unicode, raw and escaped spellings of the same text */
+    "{\"messages\":[{\"role\":\"us\\u0065r\",\"content\":\"caf\\u00e9 \\/ \\\"q\\\" "
+    "\\ud83d\\ude00\\n\\t\\b\\f\\r\\\\\"},{\"role\":\"assistant\",\"content\":\"\xc3\xa9\xf0\x9f"
+    "\x98\x80\"},{\"role\":\"user\",\"name\":\"b\\u00f6b\",\"content\":\"\"}]}",
+    /* odd roles and odd messages */
+    "{\"messages\":[{\"role\":7,\"content\":\"x\"},{\"role\":null},{\"content\":\"\"},"
+    "{\"role\":{\"b\":1,\"a\":[2.5e3,true,-0.0,1E300,123456789012]}},\"str\",12,[1],null,{}]}",
+    /* content parts: bare strings, text kinds, non-text parts as digests */
+    "{\"messages\":[{\"role\":\"user\",\"content\":[\"a\",\"\",{\"type\":\"text\",\"text\":"
+    "\"b\"},{\"type\":\"input_text\",\"text\":\"\"},{\"type\":\"output_text\",\"text\":7},"
+    "{\"type\":\"image_url\",\"image_url\":{\"url\":\"data:x\"}},{\"text\":\"t\"},3,null,"
+    "{\"type\":\"t\\u0065xt\",\"text\":\"esc type\"},{\"type\":\"text \",\"text\":\"no\"}]},"
+    "{\"role\":\"user\",\"content\":{\"type\":\"text\",\"text\":\"obj\"}},"
+    "{\"role\":\"user\",\"content\":42},{\"role\":\"user\",\"content\":[]}]}",
+    /* tool calls with non-string names and arguments, legacy function_call */
+    "{\"messages\":[{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"1\","
+    "\"function\":{\"name\":\"f\",\"arguments\":{\"x\":1,\"a\":[null]}}},{\"function\":"
+    "{\"arguments\":\"{}\"}},{\"function\":\"notobj\"},\"s\",{\"function\":{\"name\":5,"
+    "\"arguments\":null}},{\"function\":{\"name\":\"\",\"arguments\":\"\"}}],"
+    "\"function_call\":{\"name\":\"g\",\"arguments\":[1,2]}},{\"role\":\"tool\","
+    "\"tool_call_id\":\"1\",\"name\":\"f\",\"content\":\"ok\"},{\"role\":\"tool\","
+    "\"tool_call_id\":9,\"name\":[\"x\"],\"tool_calls\":{\"a\":1},\"function_call\":\"x\"}]}",
+    /* tools with and without names, ties on a name, legacy functions, odd parameters */
+    "{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"b\",\"description\":\"d\","
+    "\"parameters\":null}},{\"type\":\"web_search\"},{\"function\":{\"name\":\"a\","
+    "\"parameters\":{\"z\":1,\"a\":2}}},{\"type\":\"function\",\"function\":{\"name\":\"a\","
+    "\"description\":7}},{\"name\":\"flat\"},\"str\",{\"function\":{\"name\":\"\\u00e9\"}}],"
+    "\"functions\":[{\"name\":\"legacy\",\"description\":\"l\",\"parameters\":{\"type\":"
+    "\"object\"}}],\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}",
+    /* duplicate keys: the last wins, at every level */
+    "{\"messages\":[{\"role\":\"user\",\"role\":\"system\",\"content\":\"a\",\"content\":\"b\","
+    "\"name\":\"x\",\"name\":7}],\"tools\":[],\"tools\":[{\"function\":{\"name\":\"n\","
+    "\"name\":\"m\",\"parameters\":{\"k\":1,\"k\":2}}}],\"messages\":[{\"role\":\"user\","
+    "\"content\":[{\"type\":\"image\",\"type\":\"text\",\"text\":1,\"text\":\"last\"}]}]}",
+    /* whitespace everywhere, empty lists */
+    " { \"messages\" : [ { \"role\" : \"user\" , \"content\" : [ { \"type\" : \"text\" , "
+    "\"text\" : \"hi\" } ] } , { } ] , \"tools\" : [ ] , \"functions\" : [\n] } ",
+    /* not arrays where lists belong */
+    "{\"messages\":{\"role\":\"user\"},\"tools\":{\"function\":{\"name\":\"x\"}},"
+    "\"functions\":\"f\"}",
+    "{}",
+};
+
+static void test_hand_written_chat(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof(g_chat) / sizeof(g_chat[0]); i++)
+        check_all_caps(g_chat[i], KVR_ROUTE_CHAT);
+}
+
+static void test_completions(void **state)
+{
+    (void)state;
+    static const char *const bodies[] = {
+        "{\"prompt\":\"Once upon a time \\u00e9\\n\"}", "{\"prompt\":\"\"}", "{\"prompt\":null}",
+        "{\"prompt\":[1,2,3,-4,5.5]}", "{\"prompt\":[\"a\",[1,2],{\"x\":1},\"b\"]}",
+        "{\"prompt\":{\"k\":true}}", "{\"prompt\":[]}", "{\"model\":\"m\"}",
+        "{\"prompt\":\"a\",\"prompt\":\"last\"}",
+    };
+    for (size_t i = 0; i < sizeof(bodies) / sizeof(bodies[0]); i++)
+        check_all_caps(bodies[i], KVR_ROUTE_COMPLETIONS);
+}
+
+/* The tools cache: a hit gives the text a miss built; a changed list misses; more lists
+ * than entries evict the least recently used. */
+static void test_tools_cache(void **state)
+{
+    (void)state;
+    kvr_text_cache *c = kvr_text_cache_new();
+    assert_non_null(c);
+    uint64_t h, m;
+    char body[256];
+    for (int round = 0; round < 2; round++)
+        for (int i = 0; i < KVR_TEXT_CACHE_ENTRIES; i++) {
+            snprintf(body, sizeof(body),
+                     "{\"tools\":[{\"function\":{\"name\":\"t%d\",\"parameters\":{\"b\":1,"
+                     "\"a\":2}}}],\"messages\":[{\"role\":\"user\",\"content\":\"q%d\"}]}",
+                     i, round);
+            assert_int_equal(same_text(body, strlen(body), KVR_ROUTE_CHAT, 0, c), 0);
+            assert_int_equal(same_text(body, strlen(body), KVR_ROUTE_CHAT, 9, c), 1);
+        }
+    kvr_text_cache_stats(c, &h, &m);
+    assert_int_equal(m, KVR_TEXT_CACHE_ENTRIES); /* each list built once */
+    assert_int_equal(h, 3 * KVR_TEXT_CACHE_ENTRIES);
+    /* one more list evicts t0 (least recently used); t1 still hits */
+    snprintf(body, sizeof(body), "{\"tools\":[{\"function\":{\"name\":\"new\"}}]}");
+    same_text(body, strlen(body), KVR_ROUTE_CHAT, 0, c);
+    snprintf(body, sizeof(body), "{\"tools\":[{\"function\":{\"name\":\"t1\",\"parameters\":"
+                                 "{\"b\":1,\"a\":2}}}]}");
+    same_text(body, strlen(body), KVR_ROUTE_CHAT, 0, c);
+    snprintf(body, sizeof(body), "{\"tools\":[{\"function\":{\"name\":\"t0\",\"parameters\":"
+                                 "{\"b\":1,\"a\":2}}}]}");
+    same_text(body, strlen(body), KVR_ROUTE_CHAT, 0, c);
+    kvr_text_cache_stats(c, &h, &m);
+    assert_int_equal(m, KVR_TEXT_CACHE_ENTRIES + 2);
+    assert_int_equal(h, 3 * KVR_TEXT_CACHE_ENTRIES + 1);
+    /* the same tools moved to `functions` are another key, and another text */
+    snprintf(body, sizeof(body), "{\"functions\":[{\"name\":\"t1\",\"parameters\":"
+                                 "{\"b\":1,\"a\":2}}]}");
+    same_text(body, strlen(body), KVR_ROUTE_CHAT, 0, c);
+    kvr_text_cache_stats(c, &h, &m);
+    assert_int_equal(m, KVR_TEXT_CACHE_ENTRIES + 3);
+    kvr_text_cache_free(c);
+    kvr_text_cache_free(NULL);
+}
+
+/* Every request of a trace: each conversation cut after every assistant turn, as one chat
+ * body (ensure_ascii spelling from jansson, so escapes too), with and without tools. */
+static void trace_check(const char *path, size_t *requests)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        fail_msg("missing %s (set KVROUTE_DATA)", path);
+    kvr_text_cache *cache = kvr_text_cache_new();
+    json_t *tools = json_loads("[{\"type\":\"function\",\"function\":{\"name\":\"think\","
+                               "\"description\":\"Think.\",\"parameters\":{\"type\":\"object\","
+                               "\"properties\":{\"thought\":{\"type\":\"string\"}}}}}]",
+                               0, NULL);
+    char *line = NULL;
+    size_t cap = 0;
+    while (getline(&line, &cap, f) > 0) {
+        json_t *j = json_loads(line, 0, NULL);
+        assert_non_null(j);
+        json_t *msgs = json_object_get(j, "messages");
+        for (size_t n = 1; n <= json_array_size(msgs); n++) {
+            const char *role = json_string_value(json_object_get(json_array_get(msgs, n - 1),
+                                                                 "role"));
+            if (n < json_array_size(msgs) && (!role || strcmp(role, "assistant") != 0))
+                continue;
+            json_t *body = json_pack("{s:s,s:o}", "model", "m", "messages",
+                                     json_array());
+            for (size_t k = 0; k < n; k++)
+                json_array_append(json_object_get(body, "messages"), json_array_get(msgs, k));
+            if (n % 2)
+                json_object_set(body, "tools", tools);
+            char *s = json_dumps(body, n % 3 ? JSON_COMPACT : JSON_ENSURE_ASCII);
+            assert_int_equal(same_text(s, strlen(s), KVR_ROUTE_CHAT, 0, cache), 0);
+            same_text(s, strlen(s), KVR_ROUTE_CHAT, strlen(s) / 3, NULL);
+            (*requests)++;
+            free(s);
+            json_decref(body);
+        }
+        json_decref(j);
+    }
+    free(line);
+    fclose(f);
+    json_decref(tools);
+    kvr_text_cache_free(cache);
+}
+
+static void test_traces(void **state)
+{
+    (void)state;
+    char path[512];
+    size_t n = 0;
+    snprintf(path, sizeof(path), "%s/tau-bench-airline-gpt4o/trajectories.jsonl", data_dir());
+    trace_check(path, &n);
+    snprintf(path, sizeof(path), "%s/swe-agent-trajectories/trajectories.jsonl", data_dir());
+    trace_check(path, &n);
+    assert_true(n > 2000);
+    print_message("%zu trace requests: scan text == tree text\n", n);
+}
+
+/* The iterator: elements and members in order with their kinds and spans, duplicates as
+ * written, names compared decoded. */
+static void test_iter(void **state)
+{
+    (void)state;
+    const char *b = "{\"a\" : [1, -2.5e1 ,\"s\\n\", true,false,null,{},[ ]] ,\"\\u0062\":{\"x\":"
+                    "1,\"x\":2}}";
+    kvr_json_span top = {.off = 0, .len = strlen(b), .kind = KVR_JSON_OBJECT};
+    assert_int_equal(kvr_json_scan(b, strlen(b), NULL, 0, NULL), KVR_JSON_OBJECT);
+    kvr_json_iter it;
+    kvr_json_span k, v, e;
+    assert_int_equal(kvr_json_iter_init(&it, b, &top), 1);
+    assert_int_equal(kvr_json_iter_next(&it, &k, &v), 1);
+    assert_true(kvr_json_span_is(b, &k, "a"));
+    assert_int_equal(v.kind, KVR_JSON_ARRAY);
+    static const kvr_json_kind kinds[] = {KVR_JSON_INTEGER, KVR_JSON_REAL, KVR_JSON_STRING,
+                                          KVR_JSON_TRUE, KVR_JSON_FALSE, KVR_JSON_NULL,
+                                          KVR_JSON_OBJECT, KVR_JSON_ARRAY};
+    static const char *const texts[] = {"1", "-2.5e1", "\"s\\n\"", "true", "false", "null",
+                                        "{}", "[ ]"};
+    kvr_json_iter in;
+    kvr_json_iter_init(&in, b, &v);
+    for (size_t i = 0; i < 8; i++) {
+        assert_int_equal(kvr_json_iter_next(&in, NULL, &e), 1);
+        assert_int_equal(e.kind, kinds[i]);
+        assert_int_equal(e.len, strlen(texts[i]));
+        assert_memory_equal(b + e.off, texts[i], e.len);
+    }
+    assert_int_equal(kvr_json_iter_next(&in, NULL, &e), 0);
+    assert_int_equal(kvr_json_iter_next(&in, NULL, &e), 0);
+    assert_int_equal(kvr_json_iter_next(&it, &k, &v), 1);
+    assert_true(kvr_json_span_is(b, &k, "b"));
+    assert_false(kvr_json_span_is(b, &k, "bb"));
+    const char *names[] = {"x", "y"};
+    kvr_json_span m[2];
+    assert_int_equal(kvr_json_span_members(b, &v, names, 2, m), 1);
+    assert_int_equal(m[0].ival, 2); /* the last "x" */
+    assert_int_equal(m[1].kind, KVR_JSON_ABSENT);
+    assert_int_equal(kvr_json_iter_next(&it, &k, &v), 0);
+    kvr_json_span s = {.kind = KVR_JSON_STRING};
+    assert_int_equal(kvr_json_iter_init(&it, b, &s), 0);
+    assert_int_equal(kvr_json_iter_next(&it, &k, &v), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_iter),
+        cmocka_unit_test(test_hand_written_chat),
+        cmocka_unit_test(test_completions),
+        cmocka_unit_test(test_tools_cache),
+        cmocka_unit_test(test_traces),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
