@@ -98,7 +98,10 @@ typedef struct kvr_app {
     kvr_worker **departed;               /**< workers a reload removed, referenced until their
                                               last request ended and their gauges are gone */
     size_t ndeparted;
-    int draining;                        /**< SIGTERM received */
+    int draining;                        /**< draining: the listener closed, in-flight
+                                              requests finishing (after the shutdown delay) */
+    int shutting_down;                   /**< SIGTERM received: /readyz answers 503 while
+                                              kvroute still serves (--shutdown-delay-ms) */
     struct kvr_auth *auth;               /**< client keys (NULL = no client auth) */
     struct kvr_auth **auth_retired;      /**< stores replaced by reloads: requests in flight
                                               still label metrics with their key names */

@@ -102,6 +102,8 @@ static const kvr_flag flags[] = {
        "open client connections per client address (0 = off)"),
     FL("drain-timeout", U64, drain_timeout_s, 0, 86400,
       "seconds to let in-flight requests finish on SIGTERM"),
+    FL("shutdown-delay-ms", U64, shutdown_delay_ms, 0, 3600000,
+       "on SIGTERM: /readyz 503 at once, keep serving this long, then drain (0 = drain at once)"),
     FL("health-interval-ms", U64, health_interval_ms, 0, 3600000,
       "active health check period (0 = off)"),
     FL("health-path", STR, health_path, 0, 0, "worker health check path"),
@@ -277,6 +279,7 @@ void kvr_config_default(kvr_config *c)
     c->port = 8000;
     c->admin_host = "127.0.0.1";
     c->drain_timeout_s = 30;
+    c->shutdown_delay_ms = 5000;
     c->health_interval_ms = 2000;
     c->health_path = "/health";
     c->unhealthy_threshold = 2;

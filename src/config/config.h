@@ -127,6 +127,11 @@ typedef struct kvr_config {
     const char *admin_token_file;  /**< --admin-token-file (NULL = no auth); file:
                                         admin.token_file */
     uint64_t drain_timeout_s;      /**< --drain-timeout, seconds (30) */
+    uint64_t shutdown_delay_ms;    /**< --shutdown-delay-ms (5000): on SIGTERM /readyz turns
+                                        503 at once and kvroute keeps serving (new connections
+                                        too) this long before it drains, so endpoints
+                                        controllers and load balancers stop sending first
+                                        (Kubernetes' Pod termination; 0 = drain at once) */
     uint64_t health_interval_ms;   /**< --health-interval-ms (2000; 0 = off) */
     uint32_t unhealthy_threshold;  /**< --unhealthy-threshold: failed checks in a row that make
                                         a worker unhealthy (2) */
