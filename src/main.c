@@ -28,6 +28,7 @@
 #include "workers/discovery.h"
 #include "workers/fetch.h"
 #include "workers/health.h"
+#include "workers/k8s.h"
 #include "workers/lmcache.h"
 #include "workers/scrape.h"
 
@@ -70,6 +71,8 @@ static void shutdown_all(void)
     kvr_scrape_stop();
     kvr_lmcache_stop();
     kvr_discovery_stop();
+    kvr_k8s_stop(app->k8s);
+    app->k8s = NULL;
     if (g_admin)
         kvr_http_server_close(g_admin, NULL, NULL);
     uv_close((uv_handle_t *)&g_sigterm, NULL);
@@ -341,6 +344,10 @@ int main(int argc, char **argv)
     kvr_scrape_start(&app->wctx);
     kvr_lmcache_start(&app->wctx);
     kvr_discovery_start(&app->wctx);
+    if (kvr_app_k8s_start(app, err, sizeof(err)) < 0) {
+        fprintf(stderr, "kvroute: Kubernetes discovery: %s\n", err);
+        return 2;
+    }
     uv_signal_init(app->loop, &g_sigterm);
     uv_signal_init(app->loop, &g_sigint);
     uv_signal_init(app->loop, &g_sighup);

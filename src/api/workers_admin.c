@@ -69,7 +69,7 @@ static json_t *worker_row(kvr_app *app, const kvr_worker *w, uint64_t now)
                           "s:I,s:o}",
                           "url", w->url, "name", w->name, "weight", w->weight, "role",
                           kvr_worker_role_name(w->role), "source",
-                          kvr_app_api_worker(app, w) ? "api" : "config", "eligible",
+                          kvr_app_worker_source(app, w), "eligible",
                           kvr_worker_eligible(w), "healthy", w->healthy, "breaker",
                           kvr_breaker_state_name(w->breaker.state), "draining", w->draining,
                           "inflight", (json_int_t)w->inflight, "requests",

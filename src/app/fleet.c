@@ -281,7 +281,7 @@ kvr_worker *kvr_app_add_worker(kvr_app *app, const kvr_api_worker *aw,
     *cp = (kvr_api_worker){.url = strdup(aw->url), .name = strdup(aw->name),
                            .weight = aw->weight > 0 ? aw->weight : 1, .role = aw->role,
                            .routes = calloc(aw->nroutes + 1, sizeof(char *)),
-                           .routes_set = aw->routes_set};
+                           .routes_set = aw->routes_set, .source = aw->source};
     int oom = !cp->url || !cp->name || !cp->routes;
     for (size_t i = 0; !oom && i < aw->nroutes; i++)
         oom = !(cp->routes[cp->nroutes++] = strdup(aw->routes[i]));
@@ -376,14 +376,30 @@ int kvr_app_reload(kvr_app *app, kvr_errlist *errs)
     kvr_config_default(c);
     int rc = kvr_config_load(c, app->argc, app->argv, errs);
     kvr_config *prev = app->live;
-    /* The configuration is the whole fleet again: workers added at run time go. */
+    /* The configuration is the whole fleet again: workers added at run time go, but for
+     * those Kubernetes discovery owns (its watch still reports them). */
     kvr_api_worker *api = app->api_workers;
     size_t napi = app->napi_workers;
     app->api_workers = NULL;
     app->napi_workers = 0;
+    size_t nkeep = 0;
+    for (size_t i = 0; i < napi; i++)
+        nkeep += api[i].source != NULL;
+    if (nkeep && (app->api_workers = calloc(nkeep, sizeof(*app->api_workers)))) {
+        for (size_t i = 0; i < napi; i++)
+            if (api[i].source) {
+                app->api_workers[app->napi_workers++] = api[i];
+                api[i] = (kvr_api_worker){0}; /* moved */
+            }
+    }
     if (rc == 0)
         rc = kvr_app_apply(app, c, errs);
     if (rc != 0) {
+        /* The kept ones go back where they were. */
+        for (size_t i = 0, k = 0; i < napi && k < app->napi_workers; i++)
+            if (!api[i].url)
+                api[i] = app->api_workers[k++];
+        free(app->api_workers);
         app->api_workers = api;
         app->napi_workers = napi;
     } else {

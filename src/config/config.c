@@ -19,6 +19,8 @@ static int set_route_scorers(void *target, const kvr_flag *f, const char *v, cha
                              size_t cap);
 static void show_scorers(FILE *out, const void *target, const kvr_flag *f);
 static void show_worker(FILE *out, const void *target, const kvr_flag *f);
+static int set_k8s_service(void *target, const kvr_flag *f, const char *v, char *err, size_t cap);
+static void show_none(FILE *out, const void *target, const kvr_flag *f);
 static int set_kv_events(void *target, const kvr_flag *f, const char *v, char *err, size_t cap);
 static int set_upstream_client(void *target, const kvr_flag *f, const char *v, char *err,
                                size_t cap);
@@ -77,6 +79,32 @@ static const kvr_flag flags[] = {
        "/v1/models list)"),
     FL("discovery-interval", U64, discovery_interval_s, 1, 86400,
        "seconds between reads of every worker's /v1/models when routes are discovered"),
+    {.name = "k8s-service", .type = KVR_FLAG_CUSTOM, .off = OFF(k8s),
+     .help = "Kubernetes Service whose EndpointSlices are the workers (repeatable; list + "
+             "watch, see docs/operations.md)",
+     .set = set_k8s_service, .show = show_none},
+    FL("k8s-namespace", STR, k8s.ns, 0, 0,
+       "namespace of --k8s-service (default: the pod's own, from the service-account mount)"),
+    FL("k8s-port", STR, k8s.port, 0, 0,
+       "the workers' port in the EndpointSlices: a name or a number (default: the only one, "
+       "or the one named http)"),
+    FL("k8s-api-url", STR, k8s.api_url, 0, 0,
+       "Kubernetes API server (default: https://$KUBERNETES_SERVICE_HOST:"
+       "$KUBERNETES_SERVICE_PORT)"),
+    FL("k8s-token-file", STR, k8s.token_file, 0, 0,
+       "bearer token file, re-read before every call (default: the service-account token)"),
+    FL("k8s-ca-file", STR, k8s.ca_file, 0, 0,
+       "CA bundle of the API server (default: the service-account ca.crt)"),
+    FL("k8s-watch-timeout-s", U64, k8s.watch_timeout_s, 1, 3600,
+       "timeoutSeconds of each EndpointSlice watch (then resumed)"),
+    FL("k8s-backoff-max-ms", U64, k8s.backoff_max_ms, 1, 3600000,
+       "longest wait between Kubernetes API retries after errors"),
+    FL("k8s-max-event-bytes", SIZE, k8s.max_event_bytes, 1024, 1e9,
+       "longest EndpointSlice watch event line"),
+    FL("k8s-max-list-bytes", SIZE, k8s.max_list_bytes, 1024, 1e10,
+       "largest EndpointSlice list body"),
+    FL("k8s-max-endpoints", SIZE, k8s.max_endpoints, 1, 1e6,
+       "endpoint addresses kept per EndpointSlice"),
     ROUTE_FLAGS(GLOBAL_ROUTE_ROW)
     {.name = "scorer", .type = KVR_FLAG_CUSTOM, .off = OFF(route.p.scorers),
      .help = "NAME=WEIGHT: a pipeline scorer's weight (repeatable; the first replaces the "
@@ -297,6 +325,7 @@ void kvr_config_default(kvr_config *c)
     c->max_usage_bytes = 1 << 20;
     c->max_routing_text_bytes = 32u << 20;
     kvr_kv_events_cfg_default(&c->kv);
+    kvr_k8s_cfg_default(&c->k8s);
     c->teach_completion_max_bytes = 262144;
     c->tokenize = (kvr_tokenize_cfg){.timeout_ms = 100, .cache_entries = 4096};
     kvr_otlp_cfg_default(&c->otlp);
@@ -304,6 +333,29 @@ void kvr_config_default(kvr_config *c)
     c->status_ttft_samples = 1024;
     kvr_http_limits_default(&c->http);
     kvr_upstream_opts_default(&c->upstream);
+}
+
+/* --k8s-service is repeatable: each one is a Service watched. */
+static int set_k8s_service(void *target, const kvr_flag *f, const char *v, char *err, size_t cap)
+{
+    (void)f;
+    kvr_config *c = target;
+    for (size_t i = 0; i < c->k8s.nservices; i++)
+        if (strcmp(c->k8s.services[i], v) == 0)
+            return 0;
+    if (c->k8s.nservices >= KVR_K8S_MAX_SERVICES) {
+        snprintf(err, cap, "too many Kubernetes services (max %d)", KVR_K8S_MAX_SERVICES);
+        return -1;
+    }
+    c->k8s.services[c->k8s.nservices++] = v;
+    return 0;
+}
+
+static void show_none(FILE *out, const void *target, const kvr_flag *f)
+{
+    (void)target;
+    (void)f;
+    fputs("none", out);
 }
 
 /* --worker is repeatable: each one appends a worker named by its URL. */
@@ -710,7 +762,7 @@ int kvr_config_load(kvr_config *c, int argc, char **argv, kvr_errlist *errs)
         kvr_errlist_add(errs, "unknown policy '%s' (one of %s)", c->route.policy,
                         kvr_policy_names());
     /* A file that did not parse says so already: "no workers" would only repeat it. */
-    if (c->nworkers == 0 && errs->n == before)
+    if (c->nworkers == 0 && c->k8s.nservices == 0 && errs->n == before)
         kvr_errlist_add(errs, path ? "%s:1:1: no workers: add a `workers:` list (or --worker URL)"
                                    : "at least one --worker URL is required (see --help)%s",
                         path ? path : "");

@@ -16,6 +16,7 @@
 #include "util/errlist.h"
 #include "util/flags.h"
 #include "workers/breaker.h"
+#include "workers/k8s.h"
 
 #define KVR_MAX_WORKERS 256
 /** Most route names and aliases in all (the uniqueness check is quadratic, on the loop). */
@@ -183,6 +184,13 @@ typedef struct kvr_config {
                                         before written (1 MiB); lines past it are dropped */
     size_t status_ttft_samples;    /**< --status-ttft-samples: recent TTFTs behind /status's
                                         ttft_ms p50/p99 (1024) */
+    kvr_k8s_cfg k8s;               /**< --k8s-service (repeatable), --k8s-namespace,
+                                        --k8s-port, --k8s-api-url, --k8s-token-file,
+                                        --k8s-ca-file, --k8s-watch-timeout-s,
+                                        --k8s-backoff-max-ms, --k8s-max-event-bytes,
+                                        --k8s-max-list-bytes, --k8s-max-endpoints; file:
+                                        discovery.kubernetes {service, namespace, port}.
+                                        With a service, workers are optional */
     const char **kv_events_args;   /**< each --kv-events WORKER_URL=ENDPOINT[,REPLAY] as given,
                                         applied over the workers' own kv_events at load */
     size_t nkv_events_args;

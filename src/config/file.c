@@ -35,7 +35,11 @@ typedef struct {
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
 static const char *const TOP_KEYS[] = {"listen",  "admin",  "auth",       "defaults",
-                                       "workers", "routes", "egress", "rate_limits"};
+                                       "workers", "routes", "egress", "rate_limits",
+                                       "discovery"};
+static const char *const DISCOVERY_KEYS[] = {"kubernetes"};
+static const char *const K8S_KEYS[] = {"service", "namespace", "port"};
+static const char *const K8S_FLAGS[] = {"k8s-service", "k8s-namespace", "k8s-port"};
 static const char *const LISTEN_KEYS[] = {"host", "port"};
 static const char *const LISTEN_FLAGS[] = {"host", "port"};
 static const char *const ADMIN_KEYS[] = {"host", "port", "token_file"};
@@ -751,6 +755,23 @@ static void global(loader *l, const yaml_node_t *k, const yaml_node_t *v)
         apply(l, f, l->c, k, v);
 }
 
+/* `discovery: {kubernetes: {service, namespace, port}}` (the other settings of Kubernetes
+ * discovery are flags, top-level keys here). */
+static void discovery(loader *l, const yaml_node_t *k, const yaml_node_t *m)
+{
+    if (!want(l, k, m, YAML_MAPPING_NODE))
+        return;
+    yaml_node_t *kk, *v;
+    EACH_PAIR(m, p) {
+        if (!pair(l, m, p, &kk, &v))
+            continue;
+        if (is(kk, "kubernetes"))
+            settings(l, kk, v, l->c, K8S_KEYS, K8S_FLAGS, COUNT(K8S_KEYS));
+        else
+            unknown(l, kk, DISCOVERY_KEYS, COUNT(DISCOVERY_KEYS), NULL, 0);
+    }
+}
+
 static void top(loader *l, const yaml_node_t *m)
 {
     if (m->type != YAML_MAPPING_NODE) {
@@ -769,6 +790,8 @@ static void top(loader *l, const yaml_node_t *m)
             settings(l, k, v, l->c, AUTH_KEYS, AUTH_FLAGS, COUNT(AUTH_KEYS));
         else if (is(k, "egress"))
             egress(l, k, v);
+        else if (is(k, "discovery"))
+            discovery(l, k, v);
         else if (is(k, "rate_limits"))
             rate_limits(l, k, v);
         else if (is(k, "defaults"))

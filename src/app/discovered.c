@@ -1,0 +1,81 @@
+/* Workers found by Kubernetes discovery (src/workers/k8s.h) join the fleet as workers added at
+ * run time, with source "kubernetes". */
+#include <stdio.h>
+#include <string.h>
+
+#include "app/app.h"
+#include "upstream/egress.h"
+#include "util/log.h"
+#include "workers/discovery.h"
+#include "workers/k8s.h"
+
+static const char K8S_SOURCE[] = "kubernetes";
+
+const char *kvr_app_worker_source(const kvr_app *app, const kvr_worker *w)
+{
+    const kvr_api_worker *aw = kvr_app_api_worker(app, w);
+    return !aw ? "config" : aw->source ? aw->source : "api";
+}
+
+static int k8s_add(void *ud, const char *name, const char *url)
+{
+    kvr_app *app = ud;
+    char why[256];
+    if (kvr_registry_find_url(app->reg, url)) {
+        KVR_WARN("msg=\"kubernetes endpoint is already a worker\" worker=%s", url);
+        return -1;
+    }
+    if (!kvr_egress_check_url(app->egress, url, why, sizeof(why))) {
+        KVR_WARN("msg=\"kubernetes endpoint refused by the egress policy\" worker=%s rule=\"%s\"",
+                 url, why);
+        return -1;
+    }
+    /* Pods are unique per namespace, not across services: a taken name falls back to the
+     * URL, which is. */
+    if (kvr_registry_find_name(app->reg, name))
+        name = url;
+    kvr_api_worker aw = {.url = (char *)url, .name = (char *)name, .weight = 1,
+                         .role = KVR_ROLE_BOTH, .source = K8S_SOURCE};
+    kvr_errlist errs = {0};
+    kvr_worker *w = kvr_app_add_worker(app, &aw, NULL, 0, &errs);
+    if (!w) {
+        KVR_WARN("msg=\"kubernetes endpoint not added\" worker=%s error=\"%s\"", url,
+                 errs.n ? errs.msg[0] : "");
+        kvr_errlist_free(&errs);
+        return -1;
+    }
+    kvr_errlist_free(&errs);
+    kvr_discovery_probe(&app->wctx, w); /* its models at once, not at the next tick */
+    return 0;
+}
+
+static void k8s_set_draining(void *ud, const char *url, int draining)
+{
+    kvr_app *app = ud;
+    kvr_worker *w = kvr_registry_find_url(app->reg, url);
+    if (w)
+        w->draining = draining;
+}
+
+static void k8s_remove(void *ud, const char *url)
+{
+    kvr_app *app = ud;
+    kvr_worker *w = kvr_registry_find_url(app->reg, url);
+    if (w)
+        kvr_app_remove_worker(app, w);
+}
+
+int kvr_app_k8s_start(kvr_app *app, char *err, size_t cap)
+{
+    if (!app->cfg.k8s.nservices)
+        return 0;
+    kvr_k8s_hooks h = {
+        .add = k8s_add,
+        .set_draining = k8s_set_draining,
+        .remove = k8s_remove,
+        .allow_connect = kvr_app_allow_connect,
+        .ud = app,
+    };
+    app->k8s = kvr_k8s_start(app->loop, &app->cfg.k8s, &h, app->m.discovery_errors, err, cap);
+    return app->k8s ? 0 : -1;
+}

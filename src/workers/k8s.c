@@ -1,0 +1,678 @@
+/* Kubernetes EndpointSlice list + watch per service (k8s.h), on the loop. */
+#include "workers/k8s.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "upstream/upstream.h"
+#include "util/buf.h"
+#include "util/log.h"
+#include "workers/k8s_parse.h"
+
+#define BACKOFF_MIN_MS 500
+#define TOKEN_MAX 16384
+#define ERR_BODY_CAP 4096
+
+typedef enum { PH_IDLE, PH_LIST, PH_WATCH } phase;
+
+/* An endpoint the module told the owner about (or tried to). */
+typedef struct tracked {
+    char url[80];
+    int added;    /* the owner took it (hooks.add returned 0) */
+    int draining; /* as last told */
+    int seen;     /* scratch: still in the slices */
+} tracked;
+
+typedef struct watcher {
+    struct kvr_k8s *k;
+    const char *service;
+    kvr_k8s_slice *slices;
+    size_t nslices;
+    tracked *cur;
+    size_t ncur;
+    char rv[KVR_K8S_RV_MAX + 1];
+    kvr_upstream_attempt *att;
+    phase ph;
+    int status;
+    int failed_in_body; /* an error found while reading: already handled */
+    kvr_buf body;       /* list body, or a watch's partial line, or an error body */
+    uv_timer_t timer;
+    phase next;         /* what the timer starts */
+    uint64_t backoff_ms;
+    char err_state[96]; /* "" while fine; the last error logged */
+} watcher;
+
+struct kvr_k8s {
+    uv_loop_t *loop;
+    kvr_k8s_cfg cfg;
+    kvr_k8s_hooks hooks;
+    kvr_metric *errors;
+    kvr_upstream *up;
+    kvr_upstream_opts uo;
+    char api[512];
+    char ns[64];
+    char token_path[4096];
+    char ca_path[4096];
+    watcher *w;
+    size_t nw;
+    size_t open_handles;
+    int stopping;
+};
+
+void kvr_k8s_cfg_default(kvr_k8s_cfg *c)
+{
+    memset(c, 0, sizeof(*c));
+    c->watch_timeout_s = 300;
+    c->backoff_max_ms = 30000;
+    c->max_event_bytes = 4u << 20;
+    c->max_list_bytes = 32u << 20;
+    c->max_endpoints = 1000;
+}
+
+/* A DNS label (RFC 1123, as Kubernetes names Services and namespaces). */
+static int dns_label(const char *s)
+{
+    size_t n = s ? strlen(s) : 0;
+    if (n == 0 || n > 63 || s[0] == '-' || s[n - 1] == '-')
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '-'))
+            return 0;
+    return 1;
+}
+
+/* The first `cap - 1` bytes of a small file, surrounding whitespace trimmed. 0, or -1. */
+static int read_trimmed(const char *path, char *out, size_t cap)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return -1;
+    size_t n = fread(out, 1, cap - 1, f);
+    int bad = ferror(f) || (n == cap - 1 && fgetc(f) != EOF);
+    fclose(f);
+    out[n] = '\0';
+    if (bad)
+        return -1;
+    char *s = out, *e = out + n;
+    while (*s && isspace((unsigned char)*s))
+        s++;
+    while (e > s && isspace((unsigned char)e[-1]))
+        *--e = '\0';
+    memmove(out, s, (size_t)(e - s) + 1);
+    return 0;
+}
+
+/* A token is sent in a header: visible ASCII only. */
+static int token_ok(const char *t)
+{
+    if (!*t)
+        return 0;
+    for (; *t; t++)
+        if ((unsigned char)*t <= 0x20 || (unsigned char)*t >= 0x7f)
+            return 0;
+    return 1;
+}
+
+static size_t count_added(const watcher *w)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < w->ncur; i++)
+        n += w->cur[i].added;
+    return n;
+}
+
+size_t kvr_k8s_worker_count(const kvr_k8s *k)
+{
+    size_t n = 0;
+    for (size_t i = 0; k && i < k->nw; i++)
+        n += count_added(&k->w[i]);
+    return n;
+}
+
+/* ---- errors and scheduling ---- */
+
+static void start_phase(watcher *w, phase ph);
+
+static void on_timer(uv_timer_t *t)
+{
+    watcher *w = t->data;
+    start_phase(w, w->next);
+}
+
+static void schedule(watcher *w, phase ph, uint64_t ms)
+{
+    w->next = ph;
+    uv_timer_start(&w->timer, on_timer, ms, 0);
+}
+
+/* Back to normal after errors: said once. */
+static void recovered(watcher *w)
+{
+    w->backoff_ms = 0;
+    if (w->err_state[0]) {
+        KVR_INFO("msg=\"kubernetes discovery recovered\" service=%s", w->service);
+        w->err_state[0] = '\0';
+    }
+}
+
+/* A failure: counted; logged when it differs from the last one; retried after a backoff
+ * (a watch resumes from its resourceVersion when it has one, else a relist). The workers
+ * known stay. */
+static void fail(watcher *w, const char *what)
+{
+    const char *lv[] = {"kubernetes"};
+    kvr_metric_inc(w->k->errors, lv, 1);
+    if (strcmp(w->err_state, what) != 0) {
+        KVR_WARN("msg=\"kubernetes discovery failed; known workers kept, retrying\" "
+                 "service=%s namespace=%s error=\"%s\"",
+                 w->service, w->k->ns, what);
+        snprintf(w->err_state, sizeof(w->err_state), "%s", what);
+    }
+    w->backoff_ms = w->backoff_ms ? w->backoff_ms * 2 : BACKOFF_MIN_MS;
+    if (w->backoff_ms > w->k->cfg.backoff_max_ms)
+        w->backoff_ms = w->k->cfg.backoff_max_ms ? w->k->cfg.backoff_max_ms : BACKOFF_MIN_MS;
+    schedule(w, w->rv[0] ? PH_WATCH : PH_LIST, w->backoff_ms);
+}
+
+static void relist(watcher *w, const char *why)
+{
+    KVR_INFO("msg=\"kubernetes watch expired; relisting\" service=%s reason=%s", w->service, why);
+    w->rv[0] = '\0';
+    schedule(w, PH_LIST, 0);
+}
+
+/* Ends the request in flight (from inside its callbacks too). */
+static void abort_request(watcher *w)
+{
+    if (w->att) {
+        kvr_upstream_cancel(w->att);
+        w->att = NULL;
+    }
+    w->ph = PH_IDLE;
+    kvr_buf_free(&w->body);
+}
+
+/* ---- slices → workers ---- */
+
+static tracked *find_tracked(watcher *w, const char *url)
+{
+    for (size_t i = 0; i < w->ncur; i++)
+        if (strcmp(w->cur[i].url, url) == 0)
+            return &w->cur[i];
+    return NULL;
+}
+
+enum { ST_NONE, ST_NOTREADY, ST_DRAIN, ST_READY };
+
+static int ep_state(const kvr_k8s_endpoint *e)
+{
+    if (e->ready && !e->terminating)
+        return ST_READY;
+    if (e->serving && e->terminating)
+        return ST_DRAIN;
+    return ST_NOTREADY;
+}
+
+/* The best state of `url` over every slice, and the endpoint that has it. */
+static int desired(const watcher *w, const char *url, const kvr_k8s_endpoint **best)
+{
+    int st = ST_NONE;
+    for (size_t s = 0; s < w->nslices; s++)
+        for (size_t i = 0; i < w->slices[s].neps; i++) {
+            const kvr_k8s_endpoint *e = &w->slices[s].eps[i];
+            if (strcmp(e->url, url) != 0)
+                continue;
+            int x = ep_state(e);
+            if (x > st) {
+                st = x;
+                *best = e;
+            }
+        }
+    return st;
+}
+
+/* Brings the owner's workers in line with the slices. */
+static void apply(watcher *w)
+{
+    kvr_k8s *k = w->k;
+    for (size_t i = 0; i < w->ncur; i++)
+        w->cur[i].seen = 0;
+    /* New and changed endpoints. */
+    for (size_t s = 0; s < w->nslices; s++)
+        for (size_t i = 0; i < w->slices[s].neps; i++) {
+            const kvr_k8s_endpoint *e = &w->slices[s].eps[i], *best = e;
+            tracked *t = find_tracked(w, e->url);
+            if (t && t->seen)
+                continue;
+            int st = desired(w, e->url, &best);
+            if (!t) {
+                if (st != ST_READY)
+                    continue; /* never seen ready: not a worker yet */
+                tracked *nc = realloc(w->cur, (w->ncur + 1) * sizeof(*nc));
+                if (!nc)
+                    continue;
+                w->cur = nc;
+                t = &w->cur[w->ncur++];
+                memset(t, 0, sizeof(*t));
+                snprintf(t->url, sizeof(t->url), "%s", e->url);
+                t->added = k->hooks.add(k->hooks.ud, best->name[0] ? best->name : best->url,
+                                        best->url) == 0;
+                if (!t->added)
+                    KVR_WARN("msg=\"kubernetes endpoint not added\" service=%s worker=%s",
+                             w->service, e->url);
+            } else if (t->added) {
+                int d = st != ST_READY;
+                if (d != t->draining) {
+                    t->draining = d;
+                    KVR_INFO("msg=\"kubernetes endpoint %s\" service=%s worker=%s",
+                             d ? "draining" : "ready again", w->service, t->url);
+                    k->hooks.set_draining(k->hooks.ud, t->url, d);
+                }
+            }
+            t->seen = 1;
+        }
+    /* Gone from every slice. */
+    size_t keep = 0;
+    for (size_t i = 0; i < w->ncur; i++) {
+        tracked *t = &w->cur[i];
+        if (!t->seen) {
+            if (t->added) {
+                KVR_INFO("msg=\"kubernetes endpoint gone\" service=%s worker=%s", w->service,
+                         t->url);
+                k->hooks.remove(k->hooks.ud, t->url);
+            }
+            continue;
+        }
+        w->cur[keep++] = *t;
+    }
+    w->ncur = keep;
+}
+
+static void free_slices(watcher *w)
+{
+    for (size_t i = 0; i < w->nslices; i++)
+        kvr_k8s_slice_free(&w->slices[i]);
+    free(w->slices);
+    w->slices = NULL;
+    w->nslices = 0;
+}
+
+/* ADDED/MODIFIED: the slice replaces the one of its name; DELETED: it goes. Takes `s`. */
+static void upsert(watcher *w, kvr_k8s_slice *s, int del)
+{
+    for (size_t i = 0; i < w->nslices; i++) {
+        if (strcmp(w->slices[i].name, s->name) != 0)
+            continue;
+        kvr_k8s_slice_free(&w->slices[i]);
+        if (del) {
+            w->slices[i] = w->slices[--w->nslices];
+            kvr_k8s_slice_free(s);
+        } else {
+            w->slices[i] = *s;
+        }
+        return;
+    }
+    if (del) {
+        kvr_k8s_slice_free(s);
+        return;
+    }
+    kvr_k8s_slice *ns = realloc(w->slices, (w->nslices + 1) * sizeof(*ns));
+    if (!ns) {
+        kvr_k8s_slice_free(s);
+        return;
+    }
+    w->slices = ns;
+    w->slices[w->nslices++] = *s;
+}
+
+/* A resourceVersion goes into a query string: only what etcd revisions look like. */
+static void set_rv(watcher *w, const char *rv)
+{
+    if (!*rv)
+        return;
+    for (const char *p = rv; *p; p++)
+        if (!isalnum((unsigned char)*p) && *p != '-' && *p != '_' && *p != '.')
+            return;
+    snprintf(w->rv, sizeof(w->rv), "%s", rv);
+}
+
+/* ---- requests ---- */
+
+static const kvr_upstream_cbs cbs;
+
+static void on_headers(void *ud, int status, const kvr_http_header *h, size_t n)
+{
+    (void)h;
+    (void)n;
+    watcher *w = ud;
+    w->status = status;
+    if (w->ph == PH_WATCH && status == 200)
+        recovered(w);
+    if (status != 200)
+        kvr_buf_init(&w->body, ERR_BODY_CAP);
+}
+
+/* One watch event line. Returns 0 to go on, -1 when the watch was ended here. */
+static int watch_line(watcher *w, const char *line, size_t len)
+{
+    while (len && (line[len - 1] == '\r' || line[len - 1] == ' '))
+        len--;
+    if (!len)
+        return 0;
+    kvr_k8s_sel sel = {w->k->cfg.port, w->k->cfg.max_endpoints};
+    kvr_k8s_event ev;
+    char err[128];
+    if (kvr_k8s_parse_event(line, len, &sel, &ev, err, sizeof(err)) < 0) {
+        abort_request(w);
+        fail(w, "malformed watch event");
+        w->rv[0] = '\0'; /* a change may be lost: relist */
+        schedule(w, PH_LIST, w->backoff_ms);
+        return -1;
+    }
+    switch (ev.type) {
+    case KVR_K8S_ERROR:
+        abort_request(w);
+        if (ev.code == 410) {
+            relist(w, ev.reason[0] ? ev.reason : "410");
+        } else {
+            char what[64];
+            snprintf(what, sizeof(what), "watch ERROR event, code %d", ev.code);
+            fail(w, what);
+        }
+        return -1;
+    case KVR_K8S_BOOKMARK:
+        set_rv(w, ev.rv);
+        return 0;
+    case KVR_K8S_ADDED:
+    case KVR_K8S_MODIFIED:
+    case KVR_K8S_DELETED:
+        set_rv(w, ev.rv);
+        upsert(w, &ev.slice, ev.type == KVR_K8S_DELETED);
+        apply(w);
+        return 0;
+    }
+    return 0;
+}
+
+static int on_body(void *ud, const char *data, size_t len)
+{
+    watcher *w = ud;
+    if (w->status != 200 || w->ph == PH_LIST) {
+        if (kvr_buf_append(&w->body, data, len) < 0 && w->status == 200) {
+            abort_request(w);
+            fail(w, "EndpointSlice list over --k8s-max-list-bytes");
+            w->failed_in_body = 1;
+        }
+        return 0;
+    }
+    /* Watch: complete lines are events. */
+    while (len) {
+        const char *nl = memchr(data, '\n', len);
+        size_t take = nl ? (size_t)(nl - data) : len;
+        if (kvr_buf_append(&w->body, data, take) < 0) {
+            abort_request(w);
+            fail(w, "watch event over --k8s-max-event-bytes");
+            w->rv[0] = '\0';
+            return 0;
+        }
+        if (!nl)
+            break;
+        int rc = watch_line(w, w->body.data ? w->body.data : "", w->body.len);
+        if (rc < 0)
+            return 0; /* the attempt is gone */
+        kvr_buf_reset(&w->body);
+        data += take + 1;
+        len -= take + 1;
+    }
+    return 0;
+}
+
+static void list_done(watcher *w)
+{
+    kvr_k8s_sel sel = {w->k->cfg.port, w->k->cfg.max_endpoints};
+    kvr_k8s_slice *ss;
+    char rv[KVR_K8S_RV_MAX + 1], err[128];
+    int n = kvr_k8s_parse_list(w->body.data ? w->body.data : "", w->body.len, &sel, &ss, rv, err,
+                               sizeof(err));
+    kvr_buf_free(&w->body);
+    if (n < 0) {
+        fail(w, "malformed EndpointSlice list");
+        return;
+    }
+    recovered(w);
+    free_slices(w);
+    w->slices = ss;
+    w->nslices = (size_t)n;
+    w->rv[0] = '\0';
+    set_rv(w, rv);
+    apply(w);
+    schedule(w, w->rv[0] ? PH_WATCH : PH_LIST, w->rv[0] ? 0 : 1000);
+}
+
+static void on_done(void *ud, kvr_upstream_err err, const char *msg, int got_headers)
+{
+    watcher *w = ud;
+    phase ph = w->ph;
+    w->att = NULL;
+    w->ph = PH_IDLE;
+    if (w->failed_in_body) {
+        kvr_buf_free(&w->body);
+        return;
+    }
+    if (!got_headers || (err != KVR_UP_OK && w->status == 200 && ph == PH_LIST)) {
+        kvr_buf_free(&w->body);
+        char what[96];
+        snprintf(what, sizeof(what), "%s: %.60s", kvr_upstream_err_name(err), msg ? msg : "");
+        fail(w, what);
+        return;
+    }
+    if (w->status == 410) {
+        kvr_buf_free(&w->body);
+        relist(w, "410 Gone");
+        return;
+    }
+    if (w->status != 200) {
+        kvr_buf_free(&w->body);
+        char what[64];
+        snprintf(what, sizeof(what), "API server answered %d", w->status);
+        fail(w, what);
+        return;
+    }
+    if (ph == PH_LIST) {
+        list_done(w);
+        return;
+    }
+    /* The server ended the watch (timeoutSeconds, or it went away after the head): resume
+     * from the last resourceVersion; a stream cut mid-way is the same, as nothing after the
+     * last complete event was applied. */
+    kvr_buf_free(&w->body);
+    if (err != KVR_UP_OK && err != KVR_UP_RESET) {
+        char what[96];
+        snprintf(what, sizeof(what), "watch: %s", kvr_upstream_err_name(err));
+        fail(w, what);
+        return;
+    }
+    schedule(w, w->rv[0] ? PH_WATCH : PH_LIST, 0);
+}
+
+static const kvr_upstream_cbs cbs = {on_headers, on_body, on_done};
+
+static void start_phase(watcher *w, phase ph)
+{
+    kvr_k8s *k = w->k;
+    if (k->stopping || w->att)
+        return;
+    if (ph == PH_WATCH && !w->rv[0])
+        ph = PH_LIST;
+    char token[TOKEN_MAX];
+    if (read_trimmed(k->token_path, token, sizeof(token)) < 0 || !token_ok(token)) {
+        memset(token, 0, sizeof(token));
+        fail(w, "cannot read the service-account token file");
+        return;
+    }
+    char url[1024];
+    int n = snprintf(url, sizeof(url),
+                     "%s/apis/discovery.k8s.io/v1/namespaces/%s/endpointslices?labelSelector="
+                     "kubernetes.io%%2Fservice-name%%3D%s",
+                     k->api, k->ns, w->service);
+    if (ph == PH_WATCH)
+        n += snprintf(url + n, sizeof(url) - (size_t)n,
+                      "&watch=1&allowWatchBookmarks=true&resourceVersion=%s&timeoutSeconds=%llu",
+                      w->rv, (unsigned long long)k->cfg.watch_timeout_s);
+    char auth[TOKEN_MAX + 16];
+    int an = snprintf(auth, sizeof(auth), "Bearer %s", token);
+    memset(token, 0, sizeof(token));
+    kvr_http_header h[2] = {{"Authorization", 13, auth, (size_t)an},
+                            {"Accept", 6, "application/json", 16}};
+    w->status = 0;
+    w->failed_in_body = 0;
+    kvr_buf_free(&w->body);
+    kvr_buf_init(&w->body, ph == PH_LIST ? k->cfg.max_list_bytes : k->cfg.max_event_bytes);
+    w->ph = ph;
+    /* libcurl copies the request headers at start: `auth` may go with this frame. */
+    w->att = kvr_upstream_start(k->up, "GET", url, h, 2, NULL, 0, &cbs, w);
+    memset(auth, 0, sizeof(auth));
+    if (!w->att) {
+        w->ph = PH_IDLE;
+        fail(w, "cannot start a request to the API server");
+    }
+}
+
+/* ---- start / stop ---- */
+
+static int resolve(kvr_k8s *k, const kvr_k8s_cfg *cfg, char *err, size_t cap)
+{
+    if (cfg->api_url) {
+        snprintf(k->api, sizeof(k->api), "%s", cfg->api_url);
+    } else {
+        const char *host = getenv("KUBERNETES_SERVICE_HOST");
+        const char *port = getenv("KUBERNETES_SERVICE_PORT");
+        if (!host || !*host) {
+            snprintf(err, cap, "no --k8s-api-url and KUBERNETES_SERVICE_HOST is not set (not "
+                               "in a pod?)");
+            return -1;
+        }
+        snprintf(k->api, sizeof(k->api), strchr(host, ':') ? "https://[%s]:%s" : "https://%s:%s",
+                 host, port && *port ? port : "443");
+    }
+    size_t al = strlen(k->api);
+    while (al && k->api[al - 1] == '/')
+        k->api[--al] = '\0';
+    if ((strncmp(k->api, "https://", 8) != 0 && strncmp(k->api, "http://", 7) != 0) ||
+        strpbrk(k->api, " \t\r\n?#")) {
+        snprintf(err, cap, "--k8s-api-url %s: expected https://HOST[:PORT]", k->api);
+        return -1;
+    }
+    snprintf(k->token_path, sizeof(k->token_path), "%s",
+             cfg->token_file ? cfg->token_file : KVR_K8S_SA_DIR "/token");
+    if (cfg->ca_file)
+        snprintf(k->ca_path, sizeof(k->ca_path), "%s", cfg->ca_file);
+    else if (access(KVR_K8S_SA_DIR "/ca.crt", R_OK) == 0)
+        snprintf(k->ca_path, sizeof(k->ca_path), "%s", KVR_K8S_SA_DIR "/ca.crt");
+    if (cfg->ca_file && access(cfg->ca_file, R_OK) != 0) {
+        snprintf(err, cap, "--k8s-ca-file %s cannot be read", cfg->ca_file);
+        return -1;
+    }
+    if (cfg->ns) {
+        snprintf(k->ns, sizeof(k->ns), "%s", cfg->ns);
+    } else if (read_trimmed(KVR_K8S_SA_DIR "/namespace", k->ns, sizeof(k->ns)) < 0) {
+        snprintf(err, cap, "no --k8s-namespace and %s/namespace cannot be read", KVR_K8S_SA_DIR);
+        return -1;
+    }
+    if (!dns_label(k->ns)) {
+        snprintf(err, cap, "namespace '%.64s' is not a DNS label", k->ns);
+        return -1;
+    }
+    char token[TOKEN_MAX];
+    int tr = read_trimmed(k->token_path, token, sizeof(token));
+    int tok = tr == 0 && token_ok(token);
+    memset(token, 0, sizeof(token));
+    if (!tok) {
+        snprintf(err, cap, "token file %s cannot be read (or is empty)", k->token_path);
+        return -1;
+    }
+    for (size_t i = 0; i < cfg->nservices; i++)
+        if (!dns_label(cfg->services[i])) {
+            snprintf(err, cap, "--k8s-service '%.64s' is not a DNS label", cfg->services[i]);
+            return -1;
+        }
+    return 0;
+}
+
+kvr_k8s *kvr_k8s_start(uv_loop_t *loop, const kvr_k8s_cfg *cfg, const kvr_k8s_hooks *hooks,
+                       kvr_metric *errors, char *err, size_t cap)
+{
+    kvr_k8s *k = calloc(1, sizeof(*k));
+    if (!k) {
+        snprintf(err, cap, "out of memory");
+        return NULL;
+    }
+    k->loop = loop;
+    k->cfg = *cfg;
+    k->hooks = *hooks;
+    k->errors = errors;
+    if (resolve(k, cfg, err, cap) < 0 ||
+        !(k->w = calloc(cfg->nservices ? cfg->nservices : 1, sizeof(*k->w)))) {
+        free(k);
+        return NULL;
+    }
+    kvr_upstream_opts_default(&k->uo);
+    k->uo.client = KVR_UP_CLIENT_CURL;
+    k->uo.first_byte_timeout_ms = 15000;
+    k->uo.stream_idle_timeout_ms = (k->cfg.watch_timeout_s + 30) * 1000;
+    k->uo.ca_file = k->ca_path[0] ? k->ca_path : NULL;
+    k->uo.allow_connect = hooks->allow_connect;
+    k->uo.allow_connect_ud = hooks->ud;
+    k->up = kvr_upstream_new(loop, &k->uo);
+    k->nw = cfg->nservices;
+    for (size_t i = 0; i < k->nw; i++) {
+        watcher *w = &k->w[i];
+        w->k = k;
+        w->service = cfg->services[i];
+        uv_timer_init(loop, &w->timer);
+        w->timer.data = w;
+        k->open_handles++;
+        KVR_INFO("msg=\"kubernetes discovery\" service=%s namespace=%s api=%s port=%s",
+                 w->service, k->ns, k->api, cfg->port ? cfg->port : "-");
+        schedule(w, PH_LIST, 0);
+    }
+    return k;
+}
+
+static void on_timer_closed(uv_handle_t *h)
+{
+    watcher *w = h->data;
+    kvr_k8s *k = w->k;
+    if (--k->open_handles)
+        return;
+    for (size_t i = 0; i < k->nw; i++) {
+        free_slices(&k->w[i]);
+        free(k->w[i].cur);
+        kvr_buf_free(&k->w[i].body);
+    }
+    free(k->w);
+    free(k);
+}
+
+void kvr_k8s_stop(kvr_k8s *k)
+{
+    if (!k || k->stopping)
+        return;
+    k->stopping = 1;
+    for (size_t i = 0; i < k->nw; i++)
+        abort_request(&k->w[i]);
+    kvr_upstream_close(k->up);
+    k->up = NULL;
+    if (!k->nw) {
+        free(k->w);
+        free(k);
+        return;
+    }
+    for (size_t i = 0; i < k->nw; i++) {
+        uv_timer_stop(&k->w[i].timer);
+        uv_close((uv_handle_t *)&k->w[i].timer, on_timer_closed);
+    }
+}
