@@ -10,7 +10,7 @@ PKGS=(
   build-essential pkg-config clang
   libuv1-dev libhttp-parser-dev libcurl4-openssl-dev libjansson-dev libyaml-dev
   libzmq3-dev libmsgpack-dev libxxhash-dev libcmocka-dev
-  python3 python3-pytest python3-httpx python3-zmq python3-msgpack
+  python3 python3-pytest python3-httpx python3-zmq python3-msgpack python3-yaml openssl
   nodejs wrk nginx-light haproxy gnuplot-nox curl procps
   chromium
 )
@@ -18,6 +18,9 @@ missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# `kubectl kustomize` renders deploy/kubernetes in the tests: any kubectl with kustomize v5
+# will do (the one already installed is kept); Debian's kubernetes-client otherwise.
+command -v kubectl >/dev/null 2>&1 || missing+=(kubernetes-client)
 # NodeSource's nodejs bundles npm; Debian's own nodejs package does not.
 command -v npm >/dev/null 2>&1 || missing+=(npm)
 if [ "${#missing[@]}" -gt 0 ]; then
