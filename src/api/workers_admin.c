@@ -424,6 +424,11 @@ static void delete_worker(kvr_app *app, kvr_http_req *r, kvr_worker *w)
                               "the configuration and reload", NULL, 0);
         return;
     }
+    if (kvr_app_api_worker(app, w)->source) {
+        kvr_admin_reply_error(r, 409, "this worker comes from Kubernetes discovery: it leaves "
+                              "when its endpoint does (drain it meanwhile)", NULL, 0);
+        return;
+    }
     json_t *out = json_pack("{s:s,s:s,s:b,s:I}", "name", w->name, "url", w->url, "removed", 1,
                             "inflight", (json_int_t)w->inflight);
     kvr_app_remove_worker(app, w);

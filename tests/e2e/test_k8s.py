@@ -86,6 +86,9 @@ def test_slices_drive_the_fleet(api, stub, kvroute):
     w0 = api.requests("watch")[0]
     assert w0["bookmarks"] == "true" and w0["rv"] == "102", w0
     assert metric(kv, "kvroute_discovery_workers", source="kubernetes") == 2
+    # the watch owns them: the admin API cannot delete one
+    r = httpx.delete("http://127.0.0.1:%d/workers/pod-s-a" % admin, timeout=5.0, verify=SSL_CTX)
+    assert r.status_code == 409, r.text
 
     # a third one, added ready, gets requests within a second
     slice_for(api, "s-c", c)
