@@ -337,6 +337,23 @@ void kvr_app_rediscover(kvr_app *app)
     kvr_errlist_free(&errs);
 }
 
+static int str_differ(const char *a, const char *b)
+{
+    return !a != !b || (a && strcmp(a, b) != 0);
+}
+
+/* Kubernetes discovery starts once, with the settings read at start. */
+static int k8s_changed(const kvr_k8s_cfg *a, const kvr_k8s_cfg *b)
+{
+    if (a->nservices != b->nservices || str_differ(a->ns, b->ns) ||
+        str_differ(a->port, b->port) || str_differ(a->api_url, b->api_url))
+        return 1;
+    for (size_t i = 0; i < a->nservices; i++)
+        if (strcmp(a->services[i], b->services[i]) != 0)
+            return 1;
+    return 0;
+}
+
 /* Settings read once at start: a reload that changes them says so. */
 static void log_ignored(const kvr_config *old, const kvr_config *c)
 {
@@ -358,6 +375,7 @@ static void log_ignored(const kvr_config *old, const kvr_config *c)
                            (c->access_log && strcmp(old->access_log, c->access_log))},
         {"access_log_buffer_bytes", old->access_log_buffer_bytes != c->access_log_buffer_bytes},
         {"status_ttft_samples", old->status_ttft_samples != c->status_ttft_samples},
+        {"discovery.kubernetes", k8s_changed(&old->k8s, &c->k8s)},
     };
     for (size_t i = 0; i < sizeof(s) / sizeof(s[0]); i++)
         if (s[i].changed)

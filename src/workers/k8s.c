@@ -38,6 +38,8 @@ typedef struct watcher {
     phase ph;
     int status;
     int failed_in_body; /* an error found while reading: already handled */
+    uint64_t started_ms; /* when the request started (uv_now) */
+    uint64_t lines;      /* watch event lines read in this request */
     kvr_buf body;       /* list body, or a watch's partial line, or an error body */
     uv_timer_t timer;
     phase next;         /* what the timer starts */
@@ -420,6 +422,7 @@ static int on_body(void *ud, const char *data, size_t len)
         }
         if (!nl)
             break;
+        w->lines++;
         int rc = watch_line(w, w->body.data ? w->body.data : "", w->body.len);
         if (rc < 0)
             return 0; /* the attempt is gone */
@@ -495,7 +498,16 @@ static void on_done(void *ud, kvr_upstream_err err, const char *msg, int got_hea
         fail(w, what);
         return;
     }
-    schedule(w, w->rv[0] ? PH_WATCH : PH_LIST, 0);
+    /* A server that accepts watches and ends them at once, again and again, is not hammered:
+     * an empty watch shorter than a second waits the backoff (not counted as an error). */
+    uint64_t delay = 0;
+    if (!w->lines && uv_now(w->k->loop) - w->started_ms < 1000) {
+        w->backoff_ms = w->backoff_ms ? w->backoff_ms * 2 : BACKOFF_MIN_MS;
+        if (w->backoff_ms > w->k->cfg.backoff_max_ms)
+            w->backoff_ms = w->k->cfg.backoff_max_ms;
+        delay = w->backoff_ms;
+    }
+    schedule(w, w->rv[0] ? PH_WATCH : PH_LIST, delay);
 }
 
 static const kvr_upstream_cbs cbs = {on_headers, on_body, on_done};
@@ -529,6 +541,8 @@ static void start_phase(watcher *w, phase ph)
                             {"Accept", 6, "application/json", 16}};
     w->status = 0;
     w->failed_in_body = 0;
+    w->lines = 0;
+    w->started_ms = uv_now(k->loop);
     kvr_buf_free(&w->body);
     kvr_buf_init(&w->body, ph == PH_LIST ? k->cfg.max_list_bytes : k->cfg.max_event_bytes);
     w->ph = ph;
