@@ -532,7 +532,7 @@ static void start_phase(watcher *w, phase ph)
                      k->api, k->ns, w->service);
     if (ph == PH_WATCH)
         n += snprintf(url + n, sizeof(url) - (size_t)n,
-                      "&watch=1&allowWatchBookmarks=true&resourceVersion=%s&timeoutSeconds=%llu",
+                      "&watch=true&allowWatchBookmarks=true&resourceVersion=%s&timeoutSeconds=%llu",
                       w->rv, (unsigned long long)k->cfg.watch_timeout_s);
     char auth[TOKEN_MAX + 16];
     int an = snprintf(auth, sizeof(auth), "Bearer %s", token);
