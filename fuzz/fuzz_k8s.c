@@ -35,6 +35,12 @@ static void check_slice(const kvr_k8s_slice *s)
         long port = strtol(colon + 1, NULL, 10);
         if (port < 1 || port > 65535)
             abort();
+        /* KV-event endpoints: tcp:// + the same address, or empty */
+        if (e->kv_url[0] && (strncmp(e->kv_url, "tcp://", 6) != 0 ||
+                             strncmp(e->kv_url + 6, h, (size_t)(colon - h)) != 0))
+            abort();
+        if (e->kv_replay_url[0] && !e->kv_url[0])
+            abort();
         for (const char *p = e->name; *p; p++)
             if (!((*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '-' || *p == '.'))
                 abort();
@@ -44,7 +50,8 @@ static void check_slice(const kvr_k8s_slice *s)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static const char *const ports[] = {NULL, "http", "8000", "0", "99999"};
-    kvr_k8s_sel sel = {ports[size % 5], size % 7 ? 1000 : 1};
+    kvr_k8s_sel sel = {ports[size % 5], size % 7 ? 1000 : 1, ports[(size / 5) % 5],
+                       ports[(size / 25) % 5]};
     char err[128], rv[KVR_K8S_RV_MAX + 1];
     kvr_k8s_slice *ss;
     int n = kvr_k8s_parse_list((const char *)data, size, &sel, &ss, rv, err, sizeof(err));

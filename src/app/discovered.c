@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "app/app.h"
+#include "events/kvevents.h"
 #include "upstream/egress.h"
 #include "util/log.h"
 #include "workers/discovery.h"
@@ -17,7 +18,19 @@ const char *kvr_app_worker_source(const kvr_app *app, const kvr_worker *w)
     return !aw ? "config" : aw->source ? aw->source : "api";
 }
 
-static int k8s_add(void *ud, const char *name, const char *url)
+/* The routes of the configuration bound to `service` (routes[].service), into `names`. */
+static size_t bound_routes(const kvr_app *app, const char *service, char **names, size_t cap)
+{
+    size_t n = 0;
+    const kvr_config *c = app->live ? app->live : &app->cfg;
+    for (size_t i = 0; i < c->nroutes && n < cap; i++)
+        if (c->routes[i].k8s_service && strcmp(c->routes[i].k8s_service, service) == 0)
+            names[n++] = (char *)c->routes[i].name;
+    return n;
+}
+
+static int k8s_add(void *ud, const char *service, const char *name, const char *url,
+                   const char *kv, const char *kv_replay)
 {
     kvr_app *app = ud;
     char why[256];
@@ -34,8 +47,13 @@ static int k8s_add(void *ud, const char *name, const char *url)
      * URL, which is. */
     if (kvr_registry_find_name(app->reg, name))
         name = url;
+    /* A service bound to routes feeds those routes only; else the usual rules (--model's
+     * route, or the routes its /v1/models names). */
+    char *routes[64];
+    size_t nroutes = bound_routes(app, service, routes, 64);
     kvr_api_worker aw = {.url = (char *)url, .name = (char *)name, .weight = 1,
-                         .role = KVR_ROLE_BOTH, .source = K8S_SOURCE};
+                         .role = KVR_ROLE_BOTH, .source = K8S_SOURCE, .routes = routes,
+                         .nroutes = nroutes, .routes_set = nroutes > 0};
     kvr_errlist errs = {0};
     kvr_worker *w = kvr_app_add_worker(app, &aw, NULL, 0, &errs);
     if (!w) {
@@ -45,6 +63,9 @@ static int k8s_add(void *ud, const char *name, const char *url)
         return -1;
     }
     kvr_errlist_free(&errs);
+    kvr_kv_events_spec kvs = {kv, kv_replay, app->cfg.k8s.kv_topic};
+    if (kv && app->kv && kvr_kv_events_configure(app->kv, w, &kvs) < 0)
+        KVR_WARN("msg=\"KV-event endpoint refused\" worker=%s endpoint=%s", url, kv);
     kvr_discovery_probe(&app->wctx, w); /* its models at once, not at the next tick */
     return 0;
 }

@@ -95,6 +95,12 @@ static const kvr_flag flags[] = {
        "bearer token file, re-read before every call (default: the service-account token)"),
     FL("k8s-ca-file", STR, k8s.ca_file, 0, 0,
        "CA bundle of the API server (default: the service-account ca.crt)"),
+    FL("k8s-kv-events-port", STR, k8s.kv_port, 0, 0,
+       "the workers' KV-event PUB port in the EndpointSlices, a name or number (precise)"),
+    FL("k8s-kv-replay-port", STR, k8s.kv_replay_port, 0, 0,
+       "the workers' KV-event replay port in the EndpointSlices, a name or number"),
+    FL("k8s-kv-topic", STR, k8s.kv_topic, 0, 0,
+       "topic of the discovered workers' KV events (unset = every message)"),
     FL("k8s-watch-timeout-s", U64, k8s.watch_timeout_s, 1, 3600,
        "timeoutSeconds of each EndpointSlice watch (then resumed)"),
     FL("k8s-backoff-max-ms", U64, k8s.backoff_max_ms, 1, 3600000,
@@ -701,8 +707,14 @@ static void resolve_routes(kvr_config *c, kvr_errlist *errs)
         if (!kvr_policy_find(rs->cfg.policy))
             kvr_errlist_add(errs, "%s: route '%s': unknown policy '%s' (one of %s)", at, rs->name,
                             rs->cfg.policy, kvr_policy_names());
-        if (rs->ntargets == 0)
-            kvr_errlist_add(errs, "%s: route '%s' has no targets", at, rs->name);
+        if (rs->ntargets == 0 && !rs->k8s_service)
+            kvr_errlist_add(errs, "%s: route '%s' has no targets (nor a Kubernetes `service`)",
+                            at, rs->name);
+        if (rs->k8s_service) {
+            char e2[128];
+            if (set_k8s_service(c, NULL, rs->k8s_service, e2, sizeof(e2)) < 0)
+                kvr_errlist_add(errs, "%s: route '%s': %s", at, rs->name, e2);
+        }
         for (size_t t = 0; t < rs->ntargets; t++) {
             const kvr_target_spec *ts = &rs->targets[t];
             where(c, ts->line, ts->col, at, sizeof(at));
@@ -762,7 +774,10 @@ int kvr_config_load(kvr_config *c, int argc, char **argv, kvr_errlist *errs)
         kvr_errlist_add(errs, "unknown policy '%s' (one of %s)", c->route.policy,
                         kvr_policy_names());
     /* A file that did not parse says so already: "no workers" would only repeat it. */
-    if (c->nworkers == 0 && c->k8s.nservices == 0 && errs->n == before)
+    int route_services = 0;
+    for (size_t i = 0; i < c->nroutes; i++)
+        route_services |= c->routes[i].k8s_service != NULL;
+    if (c->nworkers == 0 && c->k8s.nservices == 0 && !route_services && errs->n == before)
         kvr_errlist_add(errs, path ? "%s:1:1: no workers: add a `workers:` list (or --worker URL)"
                                    : "at least one --worker URL is required (see --help)%s",
                         path ? path : "");

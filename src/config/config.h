@@ -79,6 +79,10 @@ typedef struct kvr_route_spec {
     kvr_route_cfg cfg;         /**< resolved: defaults (file, then flags) + its settings */
     kvr_target_spec *targets;
     size_t ntargets;
+    const char *k8s_service;   /**< `service`: a Kubernetes Service whose discovered workers
+                                    are targets of this route (and of no other; the service is
+                                    watched as a --k8s-service is); NULL = none. A route with
+                                    one may have no `targets` */
     int line, col;
 } kvr_route_spec;
 
@@ -186,10 +190,13 @@ typedef struct kvr_config {
                                         ttft_ms p50/p99 (1024) */
     kvr_k8s_cfg k8s;               /**< --k8s-service (repeatable), --k8s-namespace,
                                         --k8s-port, --k8s-api-url, --k8s-token-file,
-                                        --k8s-ca-file, --k8s-watch-timeout-s,
+                                        --k8s-ca-file, --k8s-kv-events-port,
+                                        --k8s-kv-replay-port, --k8s-kv-topic,
+                                        --k8s-watch-timeout-s,
                                         --k8s-backoff-max-ms, --k8s-max-event-bytes,
                                         --k8s-max-list-bytes, --k8s-max-endpoints; file:
-                                        discovery.kubernetes {service, namespace, port}.
+                                        discovery.kubernetes {service, namespace, port,
+                                        kv_events_port, kv_replay_port, kv_topic}.
                                         With a service, workers are optional */
     const char **kv_events_args;   /**< each --kv-events WORKER_URL=ENDPOINT[,REPLAY] as given,
                                         applied over the workers' own kv_events at load */
@@ -238,7 +245,9 @@ void *kvr_config_alloc(kvr_config *c, size_t size);
 /** Reads the YAML file `path` into `c` (src/config/file.c): top-level global keys through
  *  the global flag table, `listen` {host, port}, `admin` {host, port, token_file}, `auth`
  *  {api_keys_file} (→ c->api_key_file), `egress` {allow: [..], deny: [..]} (lists of scalars,
- *  kept as written with the section's position), `rate_limits` {NAME: {requests_per_minute,
+ *  kept as written with the section's position), `discovery` {kubernetes: {service,
+ *  namespace, port, kv_events_port, kv_replay_port, kv_topic}} (the --k8s-* flags),
+ *  `rate_limits` {NAME: {requests_per_minute,
  *  tokens_per_minute}} (non-negative integers), `defaults`
  *  (per-route keys, into c->route), `workers` (a list of {url, name, weight, api_key_file,
  *  api_key_env, max_inflight, kv_events, lmcache} maps or plain URL strings, appended to

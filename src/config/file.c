@@ -38,8 +38,11 @@ static const char *const TOP_KEYS[] = {"listen",  "admin",  "auth",       "defau
                                        "workers", "routes", "egress", "rate_limits",
                                        "discovery"};
 static const char *const DISCOVERY_KEYS[] = {"kubernetes"};
-static const char *const K8S_KEYS[] = {"service", "namespace", "port"};
-static const char *const K8S_FLAGS[] = {"k8s-service", "k8s-namespace", "k8s-port"};
+static const char *const K8S_KEYS[] = {"service",        "namespace",      "port",
+                                       "kv_events_port", "kv_replay_port", "kv_topic"};
+static const char *const K8S_FLAGS[] = {"k8s-service",        "k8s-namespace",
+                                        "k8s-port",           "k8s-kv-events-port",
+                                        "k8s-kv-replay-port", "k8s-kv-topic"};
 static const char *const LISTEN_KEYS[] = {"host", "port"};
 static const char *const LISTEN_FLAGS[] = {"host", "port"};
 static const char *const ADMIN_KEYS[] = {"host", "port", "token_file"};
@@ -47,7 +50,7 @@ static const char *const ADMIN_FLAGS[] = {"admin-host", "admin-port", "admin-tok
 static const char *const AUTH_KEYS[] = {"api_keys_file"};
 static const char *const AUTH_FLAGS[] = {"api-key-file"};
 static const char *const EGRESS_KEYS[] = {"allow", "deny"};
-static const char *const ROUTE_KEYS[] = {"name", "model", "aliases", "targets"};
+static const char *const ROUTE_KEYS[] = {"name", "model", "aliases", "targets", "service"};
 /* Global flags that make no sense in the file (or have a section instead): never suggested. */
 static const char *const ARGV_ONLY[] = {"config", "check", "worker", "api-key-file",
                                         "kv-events", "scorer"};
@@ -633,6 +636,10 @@ static int route(loader *l, const yaml_node_t *k, const yaml_node_t *m, kvr_rout
             aliases(l, kk, v, r);
         } else if (is(kk, "targets")) {
             targets(l, kk, v, r);
+        } else if (is(kk, "service")) {
+            const char *s = scalar(l, kk, v, 1);
+            if (s)
+                r->k8s_service = keep(l, s);
         } else {
             const kvr_flag *f = flag_for(kk, l->route_flags, l->nroute_flags);
             if (!f) {
@@ -755,7 +762,8 @@ static void global(loader *l, const yaml_node_t *k, const yaml_node_t *v)
         apply(l, f, l->c, k, v);
 }
 
-/* `discovery: {kubernetes: {service, namespace, port}}` (the other settings of Kubernetes
+/* `discovery: {kubernetes: {service, namespace, port, kv_events_port, kv_replay_port,
+ * kv_topic}}` (the other settings of Kubernetes
  * discovery are flags, top-level keys here). */
 static void discovery(loader *l, const yaml_node_t *k, const yaml_node_t *m)
 {

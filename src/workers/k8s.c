@@ -260,8 +260,11 @@ static void apply(watcher *w)
                 t = &w->cur[w->ncur++];
                 memset(t, 0, sizeof(*t));
                 snprintf(t->url, sizeof(t->url), "%s", e->url);
-                t->added = k->hooks.add(k->hooks.ud, best->name[0] ? best->name : best->url,
-                                        best->url) == 0;
+                t->added = k->hooks.add(k->hooks.ud, w->service,
+                                        best->name[0] ? best->name : best->url,
+                                        best->url, best->kv_url[0] ? best->kv_url : NULL,
+                                        best->kv_replay_url[0] ? best->kv_replay_url : NULL) ==
+                           0;
                 if (!t->added)
                     KVR_WARN("msg=\"kubernetes endpoint not added\" service=%s worker=%s",
                              w->service, e->url);
@@ -364,7 +367,8 @@ static int watch_line(watcher *w, const char *line, size_t len)
         len--;
     if (!len)
         return 0;
-    kvr_k8s_sel sel = {w->k->cfg.port, w->k->cfg.max_endpoints};
+    kvr_k8s_sel sel = {w->k->cfg.port, w->k->cfg.max_endpoints, w->k->cfg.kv_port,
+                       w->k->cfg.kv_replay_port};
     kvr_k8s_event ev;
     char err[128];
     if (kvr_k8s_parse_event(line, len, &sel, &ev, err, sizeof(err)) < 0) {
@@ -435,7 +439,8 @@ static int on_body(void *ud, const char *data, size_t len)
 
 static void list_done(watcher *w)
 {
-    kvr_k8s_sel sel = {w->k->cfg.port, w->k->cfg.max_endpoints};
+    kvr_k8s_sel sel = {w->k->cfg.port, w->k->cfg.max_endpoints, w->k->cfg.kv_port,
+                       w->k->cfg.kv_replay_port};
     kvr_k8s_slice *ss;
     char rv[KVR_K8S_RV_MAX + 1], err[128];
     int n = kvr_k8s_parse_list(w->body.data ? w->body.data : "", w->body.len, &sel, &ss, rv, err,

@@ -48,6 +48,11 @@ typedef struct kvr_k8s_cfg {
     const char *token_file; /**< --k8s-token-file (NULL: KVR_K8S_SA_DIR/token) */
     const char *ca_file;    /**< --k8s-ca-file (NULL: KVR_K8S_SA_DIR/ca.crt when present, else
                                  the system's CAs) */
+    const char *kv_port;    /**< --k8s-kv-events-port: the port (name or number) of each
+                                 worker's vLLM KV-event PUB socket, so `precise` gets its events
+                                 (tcp://IP:PORT); NULL = none */
+    const char *kv_replay_port; /**< --k8s-kv-replay-port: its replay ROUTER port; NULL = none */
+    const char *kv_topic;   /**< --k8s-kv-topic: the events' topic (NULL = every message) */
     uint64_t watch_timeout_s;  /**< --k8s-watch-timeout-s: timeoutSeconds of a watch (300);
                                     the server ends it then and kvroute resumes it */
     uint64_t backoff_max_ms;   /**< --k8s-backoff-max-ms: longest wait between retries
@@ -63,10 +68,13 @@ void kvr_k8s_cfg_default(kvr_k8s_cfg *c);
 
 /** What the owner does with what the watch finds. Called on the loop. */
 typedef struct kvr_k8s_hooks {
-    /** A ready endpoint appeared: add worker `url` named `name` (the pod; the URL when the
-     *  slice names no pod). Returns 0, or -1 when refused (egress policy, duplicate URL): the
-     *  module then leaves that endpoint alone until it disappears. */
-    int (*add)(void *ud, const char *name, const char *url);
+    /** A ready endpoint of `service` appeared: add worker `url` named `name` (the pod; the URL when the
+     *  slice names no pod), with its KV-event endpoints `kv` and `kv_replay` ("tcp://IP:PORT",
+     *  NULL when not configured or not in the slice). Returns 0, or -1 when refused (egress
+     *  policy, duplicate URL): the module then leaves that endpoint alone until it
+     *  disappears. */
+    int (*add)(void *ud, const char *service, const char *name, const char *url,
+               const char *kv, const char *kv_replay);
     /** A worker added by `add` became draining (1: serving but terminating, or not ready) or
      *  ready again (0). */
     void (*set_draining)(void *ud, const char *url, int draining);

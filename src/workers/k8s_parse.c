@@ -82,6 +82,14 @@ static int pick_port(json_t *ports, const char *sel)
     return first;
 }
 
+/* A KV-event port: a number, or a name the slice lists; 0 when unset or not found. */
+static int pick_named(json_t *ports, const char *sel)
+{
+    if (!sel || !*sel)
+        return 0;
+    return pick_port(ports, sel);
+}
+
 /* One endpoint's addresses into s->eps (each address is a worker). */
 static void add_endpoint(kvr_k8s_slice *s, json_t *ep, int v6, size_t max_eps)
 {
@@ -110,6 +118,13 @@ static void add_endpoint(kvr_k8s_slice *s, json_t *ep, int v6, size_t max_eps)
         if (!inet_ntop(v6 ? AF_INET6 : AF_INET, bin, norm, sizeof(norm)))
             continue;
         snprintf(e.url, sizeof(e.url), v6 ? "http://[%s]:%d" : "http://%s:%d", norm, s->port);
+        e.kv_url[0] = e.kv_replay_url[0] = '\0';
+        if (s->kv_port)
+            snprintf(e.kv_url, sizeof(e.kv_url), v6 ? "tcp://[%s]:%d" : "tcp://%s:%d", norm,
+                     s->kv_port);
+        if (s->kv_port && s->kv_replay_port)
+            snprintf(e.kv_replay_url, sizeof(e.kv_replay_url),
+                     v6 ? "tcp://[%s]:%d" : "tcp://%s:%d", norm, s->kv_replay_port);
         s->eps[s->neps++] = e;
     }
 }
@@ -132,6 +147,8 @@ static int parse_slice(json_t *o, const kvr_k8s_sel *sel, kvr_k8s_slice *s, char
         return 0; /* FQDN: not an address kvroute dials */
     json_t *eps = json_object_get(o, "endpoints");
     s->port = pick_port(json_object_get(o, "ports"), sel->port);
+    s->kv_port = pick_named(json_object_get(o, "ports"), sel->kv_port);
+    s->kv_replay_port = pick_named(json_object_get(o, "ports"), sel->kv_replay_port);
     if (!s->port || !json_is_array(eps) || !json_array_size(eps))
         return 0;
     size_t n = 0, i;

@@ -32,6 +32,9 @@ typedef struct kvr_k8s_endpoint {
     int ready;                       /**< conditions.ready (null → 1) */
     int serving;                     /**< conditions.serving (null → ready) */
     int terminating;                 /**< conditions.terminating (null → 0) */
+    char kv_url[80];                 /**< "tcp://IP:PORT" of its KV-event PUB socket when the
+                                          selector's kv_port matched, else "" */
+    char kv_replay_url[80];          /**< "tcp://IP:PORT" of its replay socket, or "" */
 } kvr_k8s_endpoint;
 
 /** One EndpointSlice, its endpoints resolved against a port selector. Owns `eps`
@@ -40,6 +43,7 @@ typedef struct kvr_k8s_slice {
     char name[KVR_K8S_NAME_MAX + 1]; /**< metadata.name (required) */
     char rv[KVR_K8S_RV_MAX + 1];     /**< metadata.resourceVersion ("" when absent) */
     int port;                        /**< the port chosen (0 when none matched: no endpoints) */
+    int kv_port, kv_replay_port;     /**< the KV-event ports chosen (0 = none) */
     kvr_k8s_endpoint *eps;           /**< IPv4/IPv6 addresses with a valid address and port;
                                           FQDN slices and malformed addresses are skipped */
     size_t neps;
@@ -66,13 +70,16 @@ typedef struct kvr_k8s_event {
     char reason[32];             /**< ERROR: Status.reason (cut to fit; "" when absent) */
 } kvr_k8s_event;
 
-/** The port selector of --k8s-port: NULL or "" picks the slice's only port (its first when
+/** The port selectors (--k8s-port and the KV-event ones). --k8s-port: NULL or "" picks the slice's only port (its first when
  *  several, a port named "http" when there is one); digits name a port number used as it is;
  *  anything else a port name, which the slice must list (else the slice yields no endpoint).
  *  Endpoints are capped at `max_eps` per slice (the rest ignored). */
 typedef struct kvr_k8s_sel {
     const char *port;
     size_t max_eps;
+    const char *kv_port;        /**< KV-event port (vLLM --kv-events-config endpoint): a name
+                                     the slice must list or a number; NULL = none */
+    const char *kv_replay_port; /**< its replay port, the same way; NULL = none */
 } kvr_k8s_sel;
 
 /** Parses an EndpointSliceList body (`len` bytes). On success returns the number of slices

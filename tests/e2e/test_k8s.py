@@ -272,3 +272,60 @@ def test_reload_keeps_discovered_workers(api, stub, kvroute, tmp_path):
     assert served_by(kv, n=3) == {a.url}
     slice_for(api, "s-b", b)  # the watch goes on after the reload
     wait_until(lambda: b.url in workers(kv, admin), 2.0, what="a change after the reload")
+
+
+def test_kv_event_ports_from_the_slices(api, sim_factory, kvroute):
+    """--k8s-kv-events-port / --k8s-kv-replay-port name ports of the slices: a discovered
+    worker gets its KV events (precise routing), exact once they flow."""
+    pub, rep = free_port(), free_port()
+    s = sim_factory("--time-scale", "0", "--kv-events-bind", "bind",
+                    "--kv-events-endpoint", "tcp://127.0.0.1:%d" % pub,
+                    "--kv-events-replay-endpoint", "tcp://127.0.0.1:%d" % rep)
+    with api.lock:
+        api.rv += 1
+        api.slices["s-1"] = {
+            "kind": "EndpointSlice", "apiVersion": "discovery.k8s.io/v1",
+            "metadata": {"name": "s-1", "namespace": "default", "resourceVersion": str(api.rv),
+                         "labels": {"kubernetes.io/service-name": SVC}},
+            "addressType": "IPv4", "endpoints": [endpoint("sim-0")],
+            "ports": [{"name": "http", "port": s.port}, {"name": "kv-events", "port": pub},
+                      {"name": "kv-replay", "port": rep}]}
+    admin = free_port()
+    kv = kvroute([], model=SIM_MODEL, policy="precise",
+                 extra=k8s_flags(api, admin, "--k8s-port", "http", "--k8s-kv-events-port",
+                                 "kv-events", "--k8s-kv-replay-port", "kv-replay"))
+    wait_until(lambda: s.url in workers(kv, admin), 2.0, what="the discovered worker")
+    assert workers(kv, admin)[s.url]["kv_events"] is not None, "no KV events configured"
+    body = {"messages": [{"role": "user", "content": "tell me about kv events " * 20}]}
+    for _ in range(3):
+        r = kv.chat(model=SIM_MODEL, **body)
+        assert r.status_code == 200, r.text
+    wait_until(lambda: workers(kv, admin)[s.url]["kv_blocks"]["GPU"] > 0, 5.0, interval=0.05,
+               what="blocks from the discovered worker's KV events")
+    assert workers(kv, admin)[s.url]["kv_events"] == "exact"
+
+
+def test_one_service_per_route(api, stub, kvroute, tmp_path):
+    """routes[].service binds a route to a Service: its workers are that route's targets only."""
+    a1, a2, b1 = stub(model="model-a"), stub(model="model-a"), stub(model="model-b")
+    api.set_slice("a-1", "svc-a", [endpoint("a-1")], a1.port)
+    api.set_slice("a-2", "svc-a", [endpoint("a-2")], a2.port)
+    api.set_slice("b-1", "svc-b", [endpoint("b-1")], b1.port)
+    cfg = tmp_path / "kv.yaml"
+    cfg.write_text("routes:\n  - {name: model-a, service: svc-a, policy: round_robin}\n"
+                   "  - {name: model-b, service: svc-b, policy: round_robin}\n")
+    p = subprocess.run([str(KVROUTE_BIN), "--check", "--config", str(cfg)], capture_output=True,
+                       text=True, timeout=10)
+    assert p.returncode == 0, p.stdout + p.stderr
+    admin = free_port()
+    flags = [f for f in k8s_flags(api, admin, "--config", cfg)]
+    i = flags.index("--k8s-service")
+    del flags[i:i + 2]  # the services come from the routes
+    kv = kvroute([], model=None, policy=None, extra=flags)
+    wait_until(lambda: {a1.url, a2.url, b1.url} <= set(workers(kv, admin)), 2.0,
+               what="the workers of both services")
+    assert served_by(kv, n=6, model="model-a") == {a1.url, a2.url}
+    assert served_by(kv, n=4, model="model-b") == {b1.url}
+    assert {x["url"]: x["routes"] for x in workers(kv, admin).values()}[b1.url] == ["model-b"]
+    lists = {e["service"] for e in api.requests("list")}
+    assert lists == {"svc-a", "svc-b"}, lists

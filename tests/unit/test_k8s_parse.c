@@ -11,7 +11,7 @@
 
 #include "workers/k8s_parse.h"
 
-static const kvr_k8s_sel ANY = {NULL, 1000};
+static const kvr_k8s_sel ANY = {NULL, 1000, NULL, NULL};
 
 static int event(const char *s, const kvr_k8s_sel *sel, kvr_k8s_event *ev)
 {
@@ -62,7 +62,8 @@ static void test_ports(void **state)
     assert_int_equal(event(s, &ANY, &ev), 0);
     assert_int_equal(ev.slice.port, 8000); /* the one named http */
     kvr_k8s_slice_free(&ev.slice);
-    kvr_k8s_sel byname = {"metrics", 1000}, bynum = {"7000", 1000}, missing = {"grpc", 1000};
+    kvr_k8s_sel byname = {"metrics", 1000, NULL, NULL}, bynum = {"7000", 1000, NULL, NULL},
+                missing = {"grpc", 1000, NULL, NULL};
     assert_int_equal(event(s, &byname, &ev), 0);
     assert_string_equal(ev.slice.eps[0].url, "http://10.0.0.1:9090");
     kvr_k8s_slice_free(&ev.slice);
@@ -71,6 +72,35 @@ static void test_ports(void **state)
     kvr_k8s_slice_free(&ev.slice);
     assert_int_equal(event(s, &missing, &ev), 0);
     assert_int_equal(ev.slice.neps, 0); /* a slice without the port: no workers */
+    kvr_k8s_slice_free(&ev.slice);
+}
+
+static void test_kv_event_ports(void **state)
+{
+    (void)state;
+    kvr_k8s_event ev;
+    const char *s = "{\"type\":\"ADDED\",\"object\":" SLICE(
+        "[{\"addresses\":[\"10.0.0.1\"]}]",
+        "[{\"name\":\"http\",\"port\":8000},{\"name\":\"kv-events\",\"port\":5557},"
+        "{\"name\":\"kv-replay\",\"port\":5558}]") "}";
+    kvr_k8s_sel sel = {"http", 1000, "kv-events", "kv-replay"};
+    assert_int_equal(event(s, &sel, &ev), 0);
+    assert_string_equal(ev.slice.eps[0].url, "http://10.0.0.1:8000");
+    assert_string_equal(ev.slice.eps[0].kv_url, "tcp://10.0.0.1:5557");
+    assert_string_equal(ev.slice.eps[0].kv_replay_url, "tcp://10.0.0.1:5558");
+    kvr_k8s_slice_free(&ev.slice);
+    kvr_k8s_sel none = {"http", 1000, NULL, "kv-replay"}, missing = {"http", 1000, "zmq", NULL},
+                num = {"http", 1000, "6000", NULL};
+    assert_int_equal(event(s, &none, &ev), 0);
+    assert_string_equal(ev.slice.eps[0].kv_url, "");
+    assert_string_equal(ev.slice.eps[0].kv_replay_url, ""); /* no replay without events */
+    kvr_k8s_slice_free(&ev.slice);
+    assert_int_equal(event(s, &missing, &ev), 0);
+    assert_string_equal(ev.slice.eps[0].kv_url, "");
+    assert_string_equal(ev.slice.eps[0].url, "http://10.0.0.1:8000");
+    kvr_k8s_slice_free(&ev.slice);
+    assert_int_equal(event(s, &num, &ev), 0);
+    assert_string_equal(ev.slice.eps[0].kv_url, "tcp://10.0.0.1:6000");
     kvr_k8s_slice_free(&ev.slice);
 }
 
@@ -100,7 +130,7 @@ static void test_addresses_checked(void **state)
     assert_int_equal(ev.slice.neps, 0);
     kvr_k8s_slice_free(&ev.slice);
     /* the per-slice cap */
-    kvr_k8s_sel one = {NULL, 1};
+    kvr_k8s_sel one = {NULL, 1, NULL, NULL};
     const char *two = "{\"type\":\"ADDED\",\"object\":" SLICE(
         "[{\"addresses\":[\"10.0.0.1\",\"10.0.0.2\"]},{\"addresses\":[\"10.0.0.3\"]}]",
         "[{\"port\":1}]") "}";
@@ -174,6 +204,7 @@ int main(void)
         cmocka_unit_test(test_conditions),       cmocka_unit_test(test_ports),
         cmocka_unit_test(test_addresses_checked), cmocka_unit_test(test_error_and_bookmark),
         cmocka_unit_test(test_refused),          cmocka_unit_test(test_list),
+        cmocka_unit_test(test_kv_event_ports),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
