@@ -251,8 +251,10 @@ void *kvr_config_alloc(kvr_config *c, size_t size);
  *  tokens_per_minute}} (non-negative integers), `defaults`
  *  (per-route keys, into c->route), `workers` (a list of {url, name, weight, api_key_file,
  *  api_key_env, max_inflight, kv_events, lmcache} maps or plain URL strings, appended to
- *  c->workers with their positions) and `routes` (a list of {name or model, aliases,
- *  targets, per-route keys}; targets are {worker, model, weight} maps or plain worker names;
+ *  c->workers with their positions), `discovery` {kubernetes: {service, namespace, port,
+ *  kv_events_port, kv_replay_port, kv_topic}} (the --k8s-* flags) and `routes` (a list of
+ *  {name or model, aliases, targets, service (a Kubernetes Service feeding it), per-route
+ *  keys}; targets are {worker, model, weight} maps or plain worker names;
  *  per-route keys are checked against the route table's types and bounds and
  *  kept as written in `settings`). Every other global flag but config, check and worker is a
  *  top-level key too (the last one written wins over `listen`/`admin`/`defaults`). At most
