@@ -11,6 +11,7 @@
 #include "util/buf.h"
 #include "util/log.h"
 #include "workers/k8s_parse.h"
+#include "workers/k8s_sync.h"
 
 #define BACKOFF_MIN_MS 500
 #define TOKEN_MAX 16384
@@ -18,21 +19,10 @@
 
 typedef enum { PH_IDLE, PH_LIST, PH_WATCH } phase;
 
-/* An endpoint the module told the owner about (or tried to). */
-typedef struct tracked {
-    char url[80];
-    int added;    /* the owner took it (hooks.add returned 0) */
-    int draining; /* as last told */
-    int seen;     /* scratch: still in the slices */
-} tracked;
-
 typedef struct watcher {
     struct kvr_k8s *k;
     const char *service;
-    kvr_k8s_slice *slices;
-    size_t nslices;
-    tracked *cur;
-    size_t ncur;
+    kvr_k8s_sync sync;  /* its slices and the workers told */
     char rv[KVR_K8S_RV_MAX + 1];
     kvr_upstream_attempt *att;
     phase ph;
@@ -118,19 +108,11 @@ static int token_ok(const char *t)
     return 1;
 }
 
-static size_t count_added(const watcher *w)
-{
-    size_t n = 0;
-    for (size_t i = 0; i < w->ncur; i++)
-        n += w->cur[i].added;
-    return n;
-}
-
 size_t kvr_k8s_worker_count(const kvr_k8s *k)
 {
     size_t n = 0;
     for (size_t i = 0; k && i < k->nw; i++)
-        n += count_added(&k->w[i]);
+        n += kvr_k8s_sync_added(&k->w[i].sync);
     return n;
 }
 
@@ -197,142 +179,6 @@ static void abort_request(watcher *w)
     kvr_buf_free(&w->body);
 }
 
-/* ---- slices → workers ---- */
-
-static tracked *find_tracked(watcher *w, const char *url)
-{
-    for (size_t i = 0; i < w->ncur; i++)
-        if (strcmp(w->cur[i].url, url) == 0)
-            return &w->cur[i];
-    return NULL;
-}
-
-enum { ST_NONE, ST_NOTREADY, ST_DRAIN, ST_READY };
-
-static int ep_state(const kvr_k8s_endpoint *e)
-{
-    if (e->ready && !e->terminating)
-        return ST_READY;
-    if (e->serving && e->terminating)
-        return ST_DRAIN;
-    return ST_NOTREADY;
-}
-
-/* The best state of `url` over every slice, and the endpoint that has it. */
-static int desired(const watcher *w, const char *url, const kvr_k8s_endpoint **best)
-{
-    int st = ST_NONE;
-    for (size_t s = 0; s < w->nslices; s++)
-        for (size_t i = 0; i < w->slices[s].neps; i++) {
-            const kvr_k8s_endpoint *e = &w->slices[s].eps[i];
-            if (strcmp(e->url, url) != 0)
-                continue;
-            int x = ep_state(e);
-            if (x > st) {
-                st = x;
-                *best = e;
-            }
-        }
-    return st;
-}
-
-/* Brings the owner's workers in line with the slices. */
-static void apply(watcher *w)
-{
-    kvr_k8s *k = w->k;
-    for (size_t i = 0; i < w->ncur; i++)
-        w->cur[i].seen = 0;
-    /* New and changed endpoints. */
-    for (size_t s = 0; s < w->nslices; s++)
-        for (size_t i = 0; i < w->slices[s].neps; i++) {
-            const kvr_k8s_endpoint *e = &w->slices[s].eps[i], *best = e;
-            tracked *t = find_tracked(w, e->url);
-            if (t && t->seen)
-                continue;
-            int st = desired(w, e->url, &best);
-            if (!t) {
-                if (st != ST_READY)
-                    continue; /* never seen ready: not a worker yet */
-                tracked *nc = realloc(w->cur, (w->ncur + 1) * sizeof(*nc));
-                if (!nc)
-                    continue;
-                w->cur = nc;
-                t = &w->cur[w->ncur++];
-                memset(t, 0, sizeof(*t));
-                snprintf(t->url, sizeof(t->url), "%s", e->url);
-                t->added = k->hooks.add(k->hooks.ud, w->service,
-                                        best->name[0] ? best->name : best->url,
-                                        best->url, best->kv_url[0] ? best->kv_url : NULL,
-                                        best->kv_replay_url[0] ? best->kv_replay_url : NULL) ==
-                           0;
-                if (!t->added)
-                    KVR_WARN("msg=\"kubernetes endpoint not added\" service=%s worker=%s",
-                             w->service, e->url);
-            } else if (t->added) {
-                int d = st != ST_READY;
-                if (d != t->draining) {
-                    t->draining = d;
-                    KVR_INFO("msg=\"kubernetes endpoint %s\" service=%s worker=%s",
-                             d ? "draining" : "ready again", w->service, t->url);
-                    k->hooks.set_draining(k->hooks.ud, t->url, d);
-                }
-            }
-            t->seen = 1;
-        }
-    /* Gone from every slice. */
-    size_t keep = 0;
-    for (size_t i = 0; i < w->ncur; i++) {
-        tracked *t = &w->cur[i];
-        if (!t->seen) {
-            if (t->added) {
-                KVR_INFO("msg=\"kubernetes endpoint gone\" service=%s worker=%s", w->service,
-                         t->url);
-                k->hooks.remove(k->hooks.ud, t->url);
-            }
-            continue;
-        }
-        w->cur[keep++] = *t;
-    }
-    w->ncur = keep;
-}
-
-static void free_slices(watcher *w)
-{
-    for (size_t i = 0; i < w->nslices; i++)
-        kvr_k8s_slice_free(&w->slices[i]);
-    free(w->slices);
-    w->slices = NULL;
-    w->nslices = 0;
-}
-
-/* ADDED/MODIFIED: the slice replaces the one of its name; DELETED: it goes. Takes `s`. */
-static void upsert(watcher *w, kvr_k8s_slice *s, int del)
-{
-    for (size_t i = 0; i < w->nslices; i++) {
-        if (strcmp(w->slices[i].name, s->name) != 0)
-            continue;
-        kvr_k8s_slice_free(&w->slices[i]);
-        if (del) {
-            w->slices[i] = w->slices[--w->nslices];
-            kvr_k8s_slice_free(s);
-        } else {
-            w->slices[i] = *s;
-        }
-        return;
-    }
-    if (del) {
-        kvr_k8s_slice_free(s);
-        return;
-    }
-    kvr_k8s_slice *ns = realloc(w->slices, (w->nslices + 1) * sizeof(*ns));
-    if (!ns) {
-        kvr_k8s_slice_free(s);
-        return;
-    }
-    w->slices = ns;
-    w->slices[w->nslices++] = *s;
-}
-
 /* A resourceVersion goes into a query string: only what etcd revisions look like. */
 static void set_rv(watcher *w, const char *rv)
 {
@@ -396,8 +242,8 @@ static int watch_line(watcher *w, const char *line, size_t len)
     case KVR_K8S_MODIFIED:
     case KVR_K8S_DELETED:
         set_rv(w, ev.rv);
-        upsert(w, &ev.slice, ev.type == KVR_K8S_DELETED);
-        apply(w);
+        kvr_k8s_sync_event(&w->sync, &ev.slice, ev.type == KVR_K8S_DELETED);
+        kvr_k8s_sync_apply(&w->sync, &w->k->hooks);
         return 0;
     }
     return 0;
@@ -451,12 +297,10 @@ static void list_done(watcher *w)
         return;
     }
     recovered(w);
-    free_slices(w);
-    w->slices = ss;
-    w->nslices = (size_t)n;
+    kvr_k8s_sync_replace(&w->sync, ss, (size_t)n);
     w->rv[0] = '\0';
     set_rv(w, rv);
-    apply(w);
+    kvr_k8s_sync_apply(&w->sync, &w->k->hooks);
     schedule(w, w->rv[0] ? PH_WATCH : PH_LIST, w->rv[0] ? 0 : 1000);
 }
 
@@ -651,6 +495,7 @@ kvr_k8s *kvr_k8s_start(uv_loop_t *loop, const kvr_k8s_cfg *cfg, const kvr_k8s_ho
         watcher *w = &k->w[i];
         w->k = k;
         w->service = cfg->services[i];
+        w->sync.service = w->service;
         uv_timer_init(loop, &w->timer);
         w->timer.data = w;
         k->open_handles++;
@@ -668,8 +513,7 @@ static void on_timer_closed(uv_handle_t *h)
     if (--k->open_handles)
         return;
     for (size_t i = 0; i < k->nw; i++) {
-        free_slices(&k->w[i]);
-        free(k->w[i].cur);
+        kvr_k8s_sync_free(&k->w[i].sync);
         kvr_buf_free(&k->w[i].body);
     }
     free(k->w);
