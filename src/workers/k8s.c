@@ -52,6 +52,7 @@ struct kvr_k8s {
     size_t nw;
     size_t open_handles;
     int stopping;
+    int token_optional; /* the default token path: absent means unauthenticated calls */
 };
 
 void kvr_k8s_cfg_default(kvr_k8s_cfg *c)
@@ -369,9 +370,10 @@ static void start_phase(watcher *w, phase ph)
     if (ph == PH_WATCH && !w->rv[0])
         ph = PH_LIST;
     char token[TOKEN_MAX];
-    if (read_trimmed(k->token_path, token, sizeof(token)) < 0 || !token_ok(token)) {
+    int have_token = read_trimmed(k->token_path, token, sizeof(token)) == 0 && token_ok(token);
+    if (!have_token && !k->token_optional) {
         memset(token, 0, sizeof(token));
-        fail(w, "cannot read the service-account token file");
+        fail(w, "cannot read the token file");
         return;
     }
     char url[1024];
@@ -396,7 +398,8 @@ static void start_phase(watcher *w, phase ph)
     kvr_buf_init(&w->body, ph == PH_LIST ? k->cfg.max_list_bytes : k->cfg.max_event_bytes);
     w->ph = ph;
     /* libcurl copies the request headers at start: `auth` may go with this frame. */
-    w->att = kvr_upstream_start(k->up, "GET", url, h, 2, NULL, 0, &cbs, w);
+    w->att = have_token ? kvr_upstream_start(k->up, "GET", url, h, 2, NULL, 0, &cbs, w)
+                        : kvr_upstream_start(k->up, "GET", url, h + 1, 1, NULL, 0, &cbs, w);
     memset(auth, 0, sizeof(auth));
     if (!w->att) {
         w->ph = PH_IDLE;
@@ -442,8 +445,9 @@ static int resolve(kvr_k8s *k, const kvr_k8s_cfg *cfg, char *err, size_t cap)
     if (cfg->ns) {
         snprintf(k->ns, sizeof(k->ns), "%s", cfg->ns);
     } else if (read_trimmed(KVR_K8S_SA_DIR "/namespace", k->ns, sizeof(k->ns)) < 0) {
-        snprintf(err, cap, "no --k8s-namespace and %s/namespace cannot be read", KVR_K8S_SA_DIR);
-        return -1;
+        /* Out of a pod without --k8s-namespace: kubectl's default. */
+        snprintf(k->ns, sizeof(k->ns), "default");
+        KVR_WARN("msg=\"no --k8s-namespace and no service-account namespace: using default\"");
     }
     if (!dns_label(k->ns)) {
         snprintf(err, cap, "namespace '%.64s' is not a DNS label", k->ns);
@@ -453,10 +457,16 @@ static int resolve(kvr_k8s *k, const kvr_k8s_cfg *cfg, char *err, size_t cap)
     int tr = read_trimmed(k->token_path, token, sizeof(token));
     int tok = tr == 0 && token_ok(token);
     memset(token, 0, sizeof(token));
-    if (!tok) {
-        snprintf(err, cap, "token file %s cannot be read (or is empty)", k->token_path);
+    if (!tok && cfg->token_file) {
+        snprintf(err, cap, "--k8s-token-file %s cannot be read (or is empty)", k->token_path);
         return -1;
     }
+    /* No service-account token mounted (automountServiceAccountToken: false, or out of a
+     * pod): requests go without one, and use it as soon as it appears. */
+    k->token_optional = !cfg->token_file;
+    if (!tok)
+        KVR_WARN("msg=\"no service-account token: Kubernetes API calls go unauthenticated\" "
+                 "path=%s", k->token_path);
     for (size_t i = 0; i < cfg->nservices; i++)
         if (!dns_label(cfg->services[i])) {
             snprintf(err, cap, "--k8s-service '%.64s' is not a DNS label", cfg->services[i]);

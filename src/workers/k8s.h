@@ -88,9 +88,12 @@ typedef struct kvr_k8s_hooks {
 typedef struct kvr_k8s kvr_k8s;
 
 /** Resolves the in-pod defaults, checks the names (service and namespace must be DNS labels)
- *  and the token file (readable now), and starts listing every service at once. `errors` is
+ *  and the token file, and starts listing every service at once. Out of a pod without
+ *  --k8s-namespace the namespace is "default" (kubectl's); without a service-account token
+ *  (and no --k8s-token-file) calls go unauthenticated until one appears. `errors` is
  *  kvroute_discovery_errors_total{source}. Returns NULL with the reason in `err` when the
- *  settings cannot work (no API server known, unreadable token, bad names). */
+ *  settings cannot work (no API server known, an unreadable --k8s-token-file or
+ *  --k8s-ca-file, bad names). */
 kvr_k8s *kvr_k8s_start(uv_loop_t *loop, const kvr_k8s_cfg *cfg, const kvr_k8s_hooks *hooks,
                        kvr_metric *errors, char *err, size_t cap);
 

@@ -44,7 +44,7 @@ def endpoint(name, ip="127.0.0.1", ready=True, serving=None, terminating=None):
 
 
 class K8sStub:
-    """The API server. `token`: the accepted bearer token. `gone_mode`: "status" (HTTP 410) or
+    """The API server. `token`: the accepted bearer token (None: any request). `gone_mode`: "status" (HTTP 410) or
     "event" (200 then an ERROR event with a 410 Status) for too-old resourceVersions."""
 
     def __init__(self, tmpdir, namespace="default", token="token-1"):
@@ -143,7 +143,7 @@ class K8sStub:
         if u.path != want or service is None:
             entry["status"] = 404
             return self._json(h, 404, {"kind": "Status", "code": 404, "reason": "NotFound"})
-        if entry["auth"] != "Bearer " + self.token:
+        if self.token is not None and entry["auth"] != "Bearer " + self.token:
             entry["status"] = 401
             return self._json(h, 401, {"kind": "Status", "code": 401, "reason": "Unauthorized"})
         if not watch:

@@ -329,3 +329,25 @@ def test_one_service_per_route(api, stub, kvroute, tmp_path):
     assert {x["url"]: x["routes"] for x in workers(kv, admin).values()}[b1.url] == ["model-b"]
     lists = {e["service"] for e in api.requests("list")}
     assert lists == {"svc-a", "svc-b"}, lists
+
+
+def test_no_token_no_namespace_out_of_cluster(api, stub, kvroute, tmp_path):
+    """Without a service-account token or namespace (out of a pod): unauthenticated calls in
+    namespace `default`; an explicit token file that cannot be read stops the start."""
+    a = stub()
+    slice_for(api, "s-a", a)
+    api.token = None  # this API server lets anyone read
+    admin = free_port()
+    flags = k8s_flags(api, admin)
+    for f in ("--k8s-token-file", "--k8s-namespace"):
+        i = flags.index(f)
+        del flags[i:i + 2]
+    kv = kvroute([], extra=flags)
+    wait_until(lambda: a.url in workers(kv, admin), 2.0, what="the worker")
+    assert api.requests("list")[0]["auth"] is None
+    assert "using default" in kv.proc.stderr_text()
+    p = subprocess.run([str(KVROUTE_BIN), "--model", MODEL, "--port", str(free_port()),
+                        "--k8s-service", SVC, "--k8s-api-url", api.url, "--k8s-token-file",
+                        str(tmp_path / "missing"), "--shutdown-delay-ms", "0"],
+                       capture_output=True, text=True, timeout=10)
+    assert p.returncode == 2 and "k8s-token-file" in p.stderr, (p.returncode, p.stderr)
