@@ -683,6 +683,38 @@ static void check_kv_events(kvr_config *c, kvr_errlist *errs)
 }
 
 /* Applies each route's own settings over the defaults, and checks its targets. */
+/* A DNS label (RFC 1123), as Kubernetes names Services and namespaces. */
+static int dns_label(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > 63 || s[0] == '-' || s[n - 1] == '-')
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '-'))
+            return 0;
+    return 1;
+}
+
+/* Kubernetes discovery's names, so that --check catches what the start would refuse. */
+static void check_k8s(const kvr_config *c, kvr_errlist *errs)
+{
+    for (size_t i = 0; i < c->k8s.nservices; i++)
+        if (!dns_label(c->k8s.services[i]))
+            kvr_errlist_add(errs, "--k8s-service '%.64s': not a Service name (a DNS label)",
+                            c->k8s.services[i]);
+    if (c->k8s.ns && !dns_label(c->k8s.ns))
+        kvr_errlist_add(errs, "--k8s-namespace '%.64s': not a namespace name (a DNS label)",
+                        c->k8s.ns);
+    for (size_t i = 0; i < c->nroutes; i++)
+        if (c->routes[i].k8s_service && !dns_label(c->routes[i].k8s_service))
+            kvr_errlist_add(errs, "route '%s': service '%.64s': not a Service name (a DNS label)",
+                            c->routes[i].name, c->routes[i].k8s_service);
+    if (c->k8s.api_url && strncmp(c->k8s.api_url, "https://", 8) != 0 &&
+        strncmp(c->k8s.api_url, "http://", 7) != 0)
+        kvr_errlist_add(errs, "--k8s-api-url %.200s: expected https://HOST[:PORT]",
+                        c->k8s.api_url);
+}
+
 static void resolve_routes(kvr_config *c, kvr_errlist *errs)
 {
     char at[600], err[512];
@@ -787,6 +819,7 @@ int kvr_config_load(kvr_config *c, int argc, char **argv, kvr_errlist *errs)
     check_kv_events(c, errs);
     check_egress(c, errs);
     check_otlp(c, errs);
+    check_k8s(c, errs);
     check_names(c, errs);
     resolve_routes(c, errs);
     if (c->breaker.max_cooldown_ms < c->breaker.cooldown_ms)

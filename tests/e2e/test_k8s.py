@@ -243,6 +243,11 @@ def test_config_file_discovery_section(tmp_path):
     p = subprocess.run([str(KVROUTE_BIN), "--check", "--config", str(bad)],
                        capture_output=True, text=True, timeout=10)
     assert p.returncode == 1 and "servce" in p.stdout, p.stdout
+    upper = tmp_path / "upper.yaml"
+    upper.write_text("model: m\ndiscovery:\n  kubernetes:\n    service: My_Service\n")
+    p = subprocess.run([str(KVROUTE_BIN), "--check", "--config", str(upper)],
+                       capture_output=True, text=True, timeout=10)
+    assert p.returncode == 1 and "My_Service" in p.stdout, p.stdout
 
 
 def test_k8s_worker_survives_sigterm_drain(api, stub, kvroute):
