@@ -224,6 +224,7 @@ class Kvroute:
                  "--max-retries", MAX_RETRIES,
                  "--scrape-interval", 1,
                  "--drain-timeout", DRAIN_TIMEOUT_S,
+                 "--shutdown-delay-ms", 0,  # no load balancer to wait for here
                  # concurrency per worker (docs/operations.md, "Sizing the overload gate")
                  "--balance-abs-threshold", 2,
                  "--log-level", log_level]

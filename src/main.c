@@ -29,12 +29,13 @@
 #include "workers/discovery.h"
 #include "workers/fetch.h"
 #include "workers/health.h"
+#include "workers/k8s.h"
 #include "workers/lmcache.h"
 #include "workers/scrape.h"
 
 static kvr_app g_app;
 static uv_signal_t g_sigterm, g_sigint, g_sighup, g_sigusr1;
-static uv_timer_t g_drain_timer, g_sweep_timer, g_breaker_timer;
+static uv_timer_t g_drain_timer, g_sweep_timer, g_breaker_timer, g_delay_timer;
 static kvr_http_server *g_admin;
 static uint64_t g_drain_deadline_ms;
 static int g_requests_ended;
@@ -61,6 +62,8 @@ static void shutdown_all(void)
     kvr_app *app = &g_app;
     uv_timer_stop(&g_drain_timer);
     uv_close((uv_handle_t *)&g_drain_timer, NULL);
+    uv_timer_stop(&g_delay_timer);
+    uv_close((uv_handle_t *)&g_delay_timer, NULL);
     uv_timer_stop(&g_sweep_timer);
     uv_close((uv_handle_t *)&g_sweep_timer, NULL);
     uv_timer_stop(&g_breaker_timer);
@@ -69,6 +72,8 @@ static void shutdown_all(void)
     kvr_scrape_stop();
     kvr_lmcache_stop();
     kvr_discovery_stop();
+    kvr_k8s_stop(app->k8s);
+    app->k8s = NULL;
     if (g_admin)
         kvr_http_server_close(g_admin, NULL, NULL);
     uv_close((uv_handle_t *)&g_sigterm, NULL);
@@ -145,14 +150,10 @@ static void on_sigusr1(uv_signal_t *s, int signum)
         KVR_INFO("msg=\"SIGUSR1: access log reopened\" path=%s", g_app.cfg.access_log);
 }
 
-static void on_signal(uv_signal_t *s, int signum)
+/* The drain as before the shutdown delay existed: stop accepting, let requests finish
+ * within --drain-timeout, then close everything. */
+static void begin_drain(int signum)
 {
-    (void)s;
-    if (g_app.draining) {
-        KVR_WARN("msg=\"second signal: stopping now\"");
-        g_drain_deadline_ms = 0;
-        return;
-    }
     KVR_INFO("msg=\"draining\" signal=%d active=%zu timeout_s=%llu", signum,
              kvr_http_server_active_requests(g_app.http),
              (unsigned long long)g_app.cfg.drain_timeout_s);
@@ -160,6 +161,42 @@ static void on_signal(uv_signal_t *s, int signum)
     kvr_http_server_stop_accepting(g_app.http);
     g_drain_deadline_ms = kvr_now_ms() + g_app.cfg.drain_timeout_s * 1000;
     uv_timer_start(&g_drain_timer, drain_tick, 0, 20);
+}
+
+static void delay_done(uv_timer_t *t)
+{
+    (void)t;
+    begin_drain(SIGTERM);
+}
+
+/* SIGTERM: /readyz turns 503 at once (app->shutting_down) while everything keeps serving,
+ * new connections included, for --shutdown-delay-ms: a Kubernetes Service keeps sending to a
+ * terminating pod until its endpoints controller and every kube-proxy or load balancer saw
+ * the change, and that takes seconds. Then the drain. SIGINT (an operator's ^C) drains at
+ * once; a second signal, in the delay or the drain, stops now. */
+static void on_signal(uv_signal_t *s, int signum)
+{
+    (void)s;
+    if (g_app.draining || g_app.shutting_down) {
+        KVR_WARN("msg=\"second signal: stopping now\"");
+        g_drain_deadline_ms = 0;
+        if (!g_app.draining) {
+            uv_timer_stop(&g_delay_timer);
+            begin_drain(signum);
+            g_drain_deadline_ms = 0;
+        }
+        return;
+    }
+    g_app.shutting_down = 1;
+    if (signum == SIGTERM && g_app.cfg.shutdown_delay_ms > 0) {
+        KVR_INFO("msg=\"shutting down: not ready, serving until the delay ends\" signal=%d "
+                 "delay_ms=%llu active=%zu",
+                 signum, (unsigned long long)g_app.cfg.shutdown_delay_ms,
+                 kvr_http_server_active_requests(g_app.http));
+        uv_timer_start(&g_delay_timer, delay_done, g_app.cfg.shutdown_delay_ms, 0);
+        return;
+    }
+    begin_drain(signum);
 }
 
 /* The admin token file must be readable and the access log's place writable (--check). */
@@ -314,6 +351,10 @@ int main(int argc, char **argv)
     kvr_scrape_start(&app->wctx);
     kvr_lmcache_start(&app->wctx);
     kvr_discovery_start(&app->wctx);
+    if (kvr_app_k8s_start(app, err, sizeof(err)) < 0) {
+        fprintf(stderr, "kvroute: Kubernetes discovery: %s\n", err);
+        return 2;
+    }
     uv_signal_init(app->loop, &g_sigterm);
     uv_signal_init(app->loop, &g_sigint);
     uv_signal_init(app->loop, &g_sighup);
@@ -323,6 +364,7 @@ int main(int argc, char **argv)
     uv_signal_init(app->loop, &g_sigusr1);
     uv_signal_start(&g_sigusr1, on_sigusr1, SIGUSR1);
     uv_timer_init(app->loop, &g_drain_timer);
+    uv_timer_init(app->loop, &g_delay_timer);
     kvr_health_start(&app->wctx);
     KVR_INFO("msg=\"listening\" addr=%s:%d default_policy=%s workers=%zu routes=%zu mode=%s "
              "admin=%d",

@@ -59,9 +59,11 @@ void kvr_api_healthz(kvr_app *app, kvr_http_req *r)
 void kvr_api_readyz(kvr_app *app, kvr_http_req *r)
 {
     size_t n = kvr_registry_eligible_count(app->reg);
-    int ready = n > 0 && app->routes->n > 0 && !app->draining;
+    int stopping = app->draining || app->shutting_down;
+    int ready = n > 0 && app->routes->n > 0 && !stopping;
     reply_json(app, r, ready ? 200 : 503,
-               json_pack("{s:s,s:I,s:I}", "status", ready ? "ready" : "not_ready",
+               json_pack("{s:s,s:I,s:I}", "status",
+                         ready ? "ready" : stopping ? "shutting_down" : "not_ready",
                          "eligible_workers", (json_int_t)n, "workers",
                          (json_int_t)kvr_registry_count(app->reg)));
 }

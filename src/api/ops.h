@@ -10,7 +10,9 @@ void kvr_api_models(kvr_app *app, kvr_http_req *r);
 void kvr_api_model(kvr_app *app, kvr_http_req *r, const char *id);
 /** GET /healthz: 200 while the process serves (503 once draining). */
 void kvr_api_healthz(kvr_app *app, kvr_http_req *r);
-/** GET /readyz: 200 when at least one worker is eligible and a model is known, else 503. */
+/** GET /readyz: 200 when at least one worker is eligible and a model is known, else 503;
+ *  503 ("shutting_down") from the moment SIGTERM arrives, through the shutdown delay and the
+ *  drain, so a Kubernetes readiness probe takes the pod out of its Service first. */
 void kvr_api_readyz(kvr_app *app, kvr_http_req *r);
 /** GET /metrics: Prometheus text exposition. */
 void kvr_api_metrics(kvr_app *app, kvr_http_req *r);

@@ -69,7 +69,7 @@ static json_t *worker_row(kvr_app *app, const kvr_worker *w, uint64_t now)
                           "s:I,s:o}",
                           "url", w->url, "name", w->name, "weight", w->weight, "role",
                           kvr_worker_role_name(w->role), "source",
-                          kvr_app_api_worker(app, w) ? "api" : "config", "eligible",
+                          kvr_app_worker_source(app, w), "eligible",
                           kvr_worker_eligible(w), "healthy", w->healthy, "breaker",
                           kvr_breaker_state_name(w->breaker.state), "draining", w->draining,
                           "inflight", (json_int_t)w->inflight, "requests",
@@ -422,6 +422,11 @@ static void delete_worker(kvr_app *app, kvr_http_req *r, kvr_worker *w)
     if (!kvr_app_api_worker(app, w)) {
         kvr_admin_reply_error(r, 409, "this worker is configured: drain it, or remove it from "
                               "the configuration and reload", NULL, 0);
+        return;
+    }
+    if (kvr_app_api_worker(app, w)->source) {
+        kvr_admin_reply_error(r, 409, "this worker comes from Kubernetes discovery: it leaves "
+                              "when its endpoint does (drain it meanwhile)", NULL, 0);
         return;
     }
     json_t *out = json_pack("{s:s,s:s,s:b,s:I}", "name", w->name, "url", w->url, "removed", 1,

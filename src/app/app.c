@@ -110,6 +110,16 @@ static void refresh_workers(void *ud)
         kvr_metric_set(app->m.breaker_state, lv, (double)w->breaker.state);
     }
     kvr_metric_set(app->m.access_dropped, NULL, (double)kvr_access_log_dropped(app->access));
+    double by_source[3] = {0, 0, 0};
+    static const char *const sources[3] = {"config", "api", "kubernetes"};
+    for (size_t i = 0; i < kvr_registry_count(app->reg); i++) {
+        const char *src = kvr_app_worker_source(app, kvr_registry_at(app->reg, i));
+        by_source[src[0] == 'c' ? 0 : src[0] == 'a' ? 1 : 2] += 1;
+    }
+    for (int i = 0; i < 3; i++) {
+        const char *lv[] = {sources[i]};
+        kvr_metric_set(app->m.discovery_workers, lv, by_source[i]);
+    }
 }
 
 void kvr_app_metrics_init(kvr_app *app)
@@ -261,6 +271,18 @@ void kvr_app_metrics_init(kvr_app *app)
                                       "Requests refused by admission: queue_full, "
                                       "queue_timeout, rate_limited",
                                       2, mr);
+    const char *src[] = {"source"};
+    m->discovery_workers = kvr_metrics_gauge(r, "kvroute_discovery_workers",
+                                             "Registered workers by where they came from: "
+                                             "config, api (POST /workers), kubernetes",
+                                             1, src);
+    m->discovery_errors = kvr_metrics_counter(r, "kvroute_discovery_errors_total",
+                                              "Failed discovery calls (Kubernetes API: no "
+                                              "connection, refused token, 410 excluded, "
+                                              "malformed answers)",
+                                              1, src);
+    const char *k8s_src[] = {"kubernetes"};
+    kvr_metric_inc(m->discovery_errors, k8s_src, 0);
     /* Both results exist from the start, so rate() and alerts see a 0 before the first. */
     const char *ok[] = {"ok"}, *error[] = {"error"};
     kvr_metric_inc(m->reloads, ok, 0);

@@ -54,6 +54,9 @@ typedef struct kvr_app_metrics {
     kvr_metric *kv_blocks;         /**< kvroute_kv_blocks{model,worker,medium} */
     kvr_metric *tokenize_seconds;  /**< kvroute_tokenize_seconds{model} (histogram) */
     kvr_metric *tokenize;          /**< kvroute_tokenize_total{model,source} */
+    kvr_metric *discovery_workers; /**< kvroute_discovery_workers{source}: config, api,
+                                        kubernetes */
+    kvr_metric *discovery_errors;  /**< kvroute_discovery_errors_total{source} */
     kvr_metric *access_dropped;    /**< kvroute_access_log_dropped_total (mirrors the sink's
                                         count at render) */
 } kvr_app_metrics;
@@ -69,6 +72,10 @@ typedef struct kvr_api_worker {
                                routes_set; else the routes whose model it lists */
     size_t nroutes;
     int routes_set;
+    const char *source;   /**< who added it: NULL = the admin API ("api"), "kubernetes" =
+                               Kubernetes discovery (static string); shown by /workers and
+                               counted in kvroute_discovery_workers{source}. Kubernetes'
+                               workers survive reloads (the watch owns them) */
 } kvr_api_worker;
 
 /** Frees what `aw` owns (not `aw` itself). */
@@ -98,7 +105,10 @@ typedef struct kvr_app {
     kvr_worker **departed;               /**< workers a reload removed, referenced until their
                                               last request ended and their gauges are gone */
     size_t ndeparted;
-    int draining;                        /**< SIGTERM received */
+    int draining;                        /**< draining: the listener closed, in-flight
+                                              requests finishing (after the shutdown delay) */
+    int shutting_down;                   /**< SIGTERM received: /readyz answers 503 while
+                                              kvroute still serves (--shutdown-delay-ms) */
     struct kvr_auth *auth;               /**< client keys (NULL = no client auth) */
     struct kvr_auth **auth_retired;      /**< stores replaced by reloads: requests in flight
                                               still label metrics with their key names */
@@ -111,6 +121,7 @@ typedef struct kvr_app {
     struct kvr_tokenizer *tokenizer;     /**< prompt token ids for precise routing */
     struct kvr_otlp *otlp;               /**< span exporter (NULL: no --otlp-endpoint) */
     struct kvr_access_log *access;       /**< the access log (NULL: no --access-log) */
+    struct kvr_k8s *k8s;                 /**< Kubernetes discovery (NULL: no --k8s-service) */
     struct kvr_status_stats *status;     /**< the admin GET /status figures (NULL = none
                                               kept) */
     struct kvr_text_cache *text_cache;   /**< the tools sections of recent chat requests'
@@ -193,6 +204,17 @@ void kvr_app_breaker_tick(kvr_app *app);
  *  checks the address against app->egress and counts kvroute_egress_denied_total{endpoint}
  *  (endpoint = the URL's scheme, host and port) when refused. */
 int kvr_app_allow_connect(void *ud, const char *url, const struct sockaddr *sa);
+
+/** Starts Kubernetes discovery (src/workers/k8s.h) when the configuration names services:
+ *  the endpoints it finds are workers added as at run time with source "kubernetes" (egress
+ *  policy checked first; named after their pod, or their URL when that name is taken), set
+ *  draining and removed as their EndpointSlices say; without --model their /v1/models is read
+ *  at once. Returns 0 (also with no services), or -1 with the reason in `err`. */
+int kvr_app_k8s_start(kvr_app *app, char *err, size_t cap);
+
+/** The source of `w` as /workers and kvroute_discovery_workers name it: "config", "api" or
+ *  "kubernetes". */
+const char *kvr_app_worker_source(const kvr_app *app, const kvr_worker *w);
 
 /** Sets up app->wctx from the configuration (after reg, up and metrics exist). */
 void kvr_app_workers_ctx_init(kvr_app *app);

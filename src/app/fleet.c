@@ -281,7 +281,7 @@ kvr_worker *kvr_app_add_worker(kvr_app *app, const kvr_api_worker *aw,
     *cp = (kvr_api_worker){.url = strdup(aw->url), .name = strdup(aw->name),
                            .weight = aw->weight > 0 ? aw->weight : 1, .role = aw->role,
                            .routes = calloc(aw->nroutes + 1, sizeof(char *)),
-                           .routes_set = aw->routes_set};
+                           .routes_set = aw->routes_set, .source = aw->source};
     int oom = !cp->url || !cp->name || !cp->routes;
     for (size_t i = 0; !oom && i < aw->nroutes; i++)
         oom = !(cp->routes[cp->nroutes++] = strdup(aw->routes[i]));
@@ -337,6 +337,23 @@ void kvr_app_rediscover(kvr_app *app)
     kvr_errlist_free(&errs);
 }
 
+static int str_differ(const char *a, const char *b)
+{
+    return !a != !b || (a && strcmp(a, b) != 0);
+}
+
+/* Kubernetes discovery starts once, with the settings read at start. */
+static int k8s_changed(const kvr_k8s_cfg *a, const kvr_k8s_cfg *b)
+{
+    if (a->nservices != b->nservices || str_differ(a->ns, b->ns) ||
+        str_differ(a->port, b->port) || str_differ(a->api_url, b->api_url))
+        return 1;
+    for (size_t i = 0; i < a->nservices; i++)
+        if (strcmp(a->services[i], b->services[i]) != 0)
+            return 1;
+    return 0;
+}
+
 /* Settings read once at start: a reload that changes them says so. */
 static void log_ignored(const kvr_config *old, const kvr_config *c)
 {
@@ -358,6 +375,7 @@ static void log_ignored(const kvr_config *old, const kvr_config *c)
                            (c->access_log && strcmp(old->access_log, c->access_log))},
         {"access_log_buffer_bytes", old->access_log_buffer_bytes != c->access_log_buffer_bytes},
         {"status_ttft_samples", old->status_ttft_samples != c->status_ttft_samples},
+        {"discovery.kubernetes", k8s_changed(&old->k8s, &c->k8s)},
     };
     for (size_t i = 0; i < sizeof(s) / sizeof(s[0]); i++)
         if (s[i].changed)
@@ -376,14 +394,30 @@ int kvr_app_reload(kvr_app *app, kvr_errlist *errs)
     kvr_config_default(c);
     int rc = kvr_config_load(c, app->argc, app->argv, errs);
     kvr_config *prev = app->live;
-    /* The configuration is the whole fleet again: workers added at run time go. */
+    /* The configuration is the whole fleet again: workers added at run time go, but for
+     * those Kubernetes discovery owns (its watch still reports them). */
     kvr_api_worker *api = app->api_workers;
     size_t napi = app->napi_workers;
     app->api_workers = NULL;
     app->napi_workers = 0;
+    size_t nkeep = 0;
+    for (size_t i = 0; i < napi; i++)
+        nkeep += api[i].source != NULL;
+    if (nkeep && (app->api_workers = calloc(nkeep, sizeof(*app->api_workers)))) {
+        for (size_t i = 0; i < napi; i++)
+            if (api[i].source) {
+                app->api_workers[app->napi_workers++] = api[i];
+                api[i] = (kvr_api_worker){0}; /* moved */
+            }
+    }
     if (rc == 0)
         rc = kvr_app_apply(app, c, errs);
     if (rc != 0) {
+        /* The kept ones go back where they were. */
+        for (size_t i = 0, k = 0; i < napi && k < app->napi_workers; i++)
+            if (!api[i].url)
+                api[i] = app->api_workers[k++];
+        free(app->api_workers);
         app->api_workers = api;
         app->napi_workers = napi;
     } else {

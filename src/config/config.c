@@ -19,6 +19,8 @@ static int set_route_scorers(void *target, const kvr_flag *f, const char *v, cha
                              size_t cap);
 static void show_scorers(FILE *out, const void *target, const kvr_flag *f);
 static void show_worker(FILE *out, const void *target, const kvr_flag *f);
+static int set_k8s_service(void *target, const kvr_flag *f, const char *v, char *err, size_t cap);
+static void show_none(FILE *out, const void *target, const kvr_flag *f);
 static int set_kv_events(void *target, const kvr_flag *f, const char *v, char *err, size_t cap);
 static int set_upstream_client(void *target, const kvr_flag *f, const char *v, char *err,
                                size_t cap);
@@ -77,6 +79,38 @@ static const kvr_flag flags[] = {
        "/v1/models list)"),
     FL("discovery-interval", U64, discovery_interval_s, 1, 86400,
        "seconds between reads of every worker's /v1/models when routes are discovered"),
+    {.name = "k8s-service", .type = KVR_FLAG_CUSTOM, .off = OFF(k8s),
+     .help = "Kubernetes Service whose EndpointSlices are the workers (repeatable; list + "
+             "watch, see docs/operations.md)",
+     .set = set_k8s_service, .show = show_none},
+    FL("k8s-namespace", STR, k8s.ns, 0, 0,
+       "namespace of --k8s-service (default: the pod's own, from the service-account mount)"),
+    FL("k8s-port", STR, k8s.port, 0, 0,
+       "the workers' port in the EndpointSlices: a name or a number (default: the only one, "
+       "or the one named http)"),
+    FL("k8s-api-url", STR, k8s.api_url, 0, 0,
+       "Kubernetes API server (default: https://$KUBERNETES_SERVICE_HOST:"
+       "$KUBERNETES_SERVICE_PORT)"),
+    FL("k8s-token-file", STR, k8s.token_file, 0, 0,
+       "bearer token file, re-read before every call (default: the service-account token)"),
+    FL("k8s-ca-file", STR, k8s.ca_file, 0, 0,
+       "CA bundle of the API server (default: the service-account ca.crt)"),
+    FL("k8s-kv-events-port", STR, k8s.kv_port, 0, 0,
+       "the workers' KV-event PUB port in the EndpointSlices, a name or number (precise)"),
+    FL("k8s-kv-replay-port", STR, k8s.kv_replay_port, 0, 0,
+       "the workers' KV-event replay port in the EndpointSlices, a name or number"),
+    FL("k8s-kv-topic", STR, k8s.kv_topic, 0, 0,
+       "topic of the discovered workers' KV events (unset = every message)"),
+    FL("k8s-watch-timeout-s", U64, k8s.watch_timeout_s, 1, 3600,
+       "timeoutSeconds of each EndpointSlice watch (then resumed)"),
+    FL("k8s-backoff-max-ms", U64, k8s.backoff_max_ms, 1, 3600000,
+       "longest wait between Kubernetes API retries after errors"),
+    FL("k8s-max-event-bytes", SIZE, k8s.max_event_bytes, 1024, 1e9,
+       "longest EndpointSlice watch event line"),
+    FL("k8s-max-list-bytes", SIZE, k8s.max_list_bytes, 1024, 1e10,
+       "largest EndpointSlice list body"),
+    FL("k8s-max-endpoints", SIZE, k8s.max_endpoints, 1, 1e6,
+       "endpoint addresses kept per EndpointSlice"),
     ROUTE_FLAGS(GLOBAL_ROUTE_ROW)
     {.name = "scorer", .type = KVR_FLAG_CUSTOM, .off = OFF(route.p.scorers),
      .help = "NAME=WEIGHT: a pipeline scorer's weight (repeatable; the first replaces the "
@@ -102,6 +136,8 @@ static const kvr_flag flags[] = {
        "open client connections per client address (0 = off)"),
     FL("drain-timeout", U64, drain_timeout_s, 0, 86400,
       "seconds to let in-flight requests finish on SIGTERM"),
+    FL("shutdown-delay-ms", U64, shutdown_delay_ms, 0, 3600000,
+       "on SIGTERM: /readyz 503 at once, keep serving this long, then drain (0 = drain at once)"),
     FL("health-interval-ms", U64, health_interval_ms, 0, 3600000,
       "active health check period (0 = off)"),
     FL("health-path", STR, health_path, 0, 0, "worker health check path"),
@@ -277,6 +313,7 @@ void kvr_config_default(kvr_config *c)
     c->port = 8000;
     c->admin_host = "127.0.0.1";
     c->drain_timeout_s = 30;
+    c->shutdown_delay_ms = 5000;
     c->health_interval_ms = 2000;
     c->health_path = "/health";
     c->unhealthy_threshold = 2;
@@ -294,6 +331,7 @@ void kvr_config_default(kvr_config *c)
     c->max_usage_bytes = 1 << 20;
     c->max_routing_text_bytes = 32u << 20;
     kvr_kv_events_cfg_default(&c->kv);
+    kvr_k8s_cfg_default(&c->k8s);
     c->teach_completion_max_bytes = 262144;
     c->tokenize = (kvr_tokenize_cfg){.timeout_ms = 100, .cache_entries = 4096};
     kvr_otlp_cfg_default(&c->otlp);
@@ -301,6 +339,29 @@ void kvr_config_default(kvr_config *c)
     c->status_ttft_samples = 1024;
     kvr_http_limits_default(&c->http);
     kvr_upstream_opts_default(&c->upstream);
+}
+
+/* --k8s-service is repeatable: each one is a Service watched. */
+static int set_k8s_service(void *target, const kvr_flag *f, const char *v, char *err, size_t cap)
+{
+    (void)f;
+    kvr_config *c = target;
+    for (size_t i = 0; i < c->k8s.nservices; i++)
+        if (strcmp(c->k8s.services[i], v) == 0)
+            return 0;
+    if (c->k8s.nservices >= KVR_K8S_MAX_SERVICES) {
+        snprintf(err, cap, "too many Kubernetes services (max %d)", KVR_K8S_MAX_SERVICES);
+        return -1;
+    }
+    c->k8s.services[c->k8s.nservices++] = v;
+    return 0;
+}
+
+static void show_none(FILE *out, const void *target, const kvr_flag *f)
+{
+    (void)target;
+    (void)f;
+    fputs("none", out);
 }
 
 /* --worker is repeatable: each one appends a worker named by its URL. */
@@ -622,6 +683,38 @@ static void check_kv_events(kvr_config *c, kvr_errlist *errs)
 }
 
 /* Applies each route's own settings over the defaults, and checks its targets. */
+/* A DNS label (RFC 1123), as Kubernetes names Services and namespaces. */
+static int dns_label(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > 63 || s[0] == '-' || s[n - 1] == '-')
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '-'))
+            return 0;
+    return 1;
+}
+
+/* Kubernetes discovery's names, so that --check catches what the start would refuse. */
+static void check_k8s(const kvr_config *c, kvr_errlist *errs)
+{
+    for (size_t i = 0; i < c->k8s.nservices; i++)
+        if (!dns_label(c->k8s.services[i]))
+            kvr_errlist_add(errs, "--k8s-service '%.64s': not a Service name (a DNS label)",
+                            c->k8s.services[i]);
+    if (c->k8s.ns && !dns_label(c->k8s.ns))
+        kvr_errlist_add(errs, "--k8s-namespace '%.64s': not a namespace name (a DNS label)",
+                        c->k8s.ns);
+    for (size_t i = 0; i < c->nroutes; i++)
+        if (c->routes[i].k8s_service && !dns_label(c->routes[i].k8s_service))
+            kvr_errlist_add(errs, "route '%s': service '%.64s': not a Service name (a DNS label)",
+                            c->routes[i].name, c->routes[i].k8s_service);
+    if (c->k8s.api_url && strncmp(c->k8s.api_url, "https://", 8) != 0 &&
+        strncmp(c->k8s.api_url, "http://", 7) != 0)
+        kvr_errlist_add(errs, "--k8s-api-url %.200s: expected https://HOST[:PORT]",
+                        c->k8s.api_url);
+}
+
 static void resolve_routes(kvr_config *c, kvr_errlist *errs)
 {
     char at[600], err[512];
@@ -646,8 +739,14 @@ static void resolve_routes(kvr_config *c, kvr_errlist *errs)
         if (!kvr_policy_find(rs->cfg.policy))
             kvr_errlist_add(errs, "%s: route '%s': unknown policy '%s' (one of %s)", at, rs->name,
                             rs->cfg.policy, kvr_policy_names());
-        if (rs->ntargets == 0)
-            kvr_errlist_add(errs, "%s: route '%s' has no targets", at, rs->name);
+        if (rs->ntargets == 0 && !rs->k8s_service)
+            kvr_errlist_add(errs, "%s: route '%s' has no targets (nor a Kubernetes `service`)",
+                            at, rs->name);
+        if (rs->k8s_service) {
+            char e2[128];
+            if (set_k8s_service(c, NULL, rs->k8s_service, e2, sizeof(e2)) < 0)
+                kvr_errlist_add(errs, "%s: route '%s': %s", at, rs->name, e2);
+        }
         for (size_t t = 0; t < rs->ntargets; t++) {
             const kvr_target_spec *ts = &rs->targets[t];
             where(c, ts->line, ts->col, at, sizeof(at));
@@ -707,7 +806,10 @@ int kvr_config_load(kvr_config *c, int argc, char **argv, kvr_errlist *errs)
         kvr_errlist_add(errs, "unknown policy '%s' (one of %s)", c->route.policy,
                         kvr_policy_names());
     /* A file that did not parse says so already: "no workers" would only repeat it. */
-    if (c->nworkers == 0 && errs->n == before)
+    int route_services = 0;
+    for (size_t i = 0; i < c->nroutes; i++)
+        route_services |= c->routes[i].k8s_service != NULL;
+    if (c->nworkers == 0 && c->k8s.nservices == 0 && !route_services && errs->n == before)
         kvr_errlist_add(errs, path ? "%s:1:1: no workers: add a `workers:` list (or --worker URL)"
                                    : "at least one --worker URL is required (see --help)%s",
                         path ? path : "");
@@ -717,6 +819,7 @@ int kvr_config_load(kvr_config *c, int argc, char **argv, kvr_errlist *errs)
     check_kv_events(c, errs);
     check_egress(c, errs);
     check_otlp(c, errs);
+    check_k8s(c, errs);
     check_names(c, errs);
     resolve_routes(c, errs);
     if (c->breaker.max_cooldown_ms < c->breaker.cooldown_ms)

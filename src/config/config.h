@@ -16,6 +16,7 @@
 #include "util/errlist.h"
 #include "util/flags.h"
 #include "workers/breaker.h"
+#include "workers/k8s.h"
 
 #define KVR_MAX_WORKERS 256
 /** Most route names and aliases in all (the uniqueness check is quadratic, on the loop). */
@@ -78,6 +79,10 @@ typedef struct kvr_route_spec {
     kvr_route_cfg cfg;         /**< resolved: defaults (file, then flags) + its settings */
     kvr_target_spec *targets;
     size_t ntargets;
+    const char *k8s_service;   /**< `service`: a Kubernetes Service whose discovered workers
+                                    are targets of this route (and of no other; the service is
+                                    watched as a --k8s-service is); NULL = none. A route with
+                                    one may have no `targets` */
     int line, col;
 } kvr_route_spec;
 
@@ -127,6 +132,11 @@ typedef struct kvr_config {
     const char *admin_token_file;  /**< --admin-token-file (NULL = no auth); file:
                                         admin.token_file */
     uint64_t drain_timeout_s;      /**< --drain-timeout, seconds (30) */
+    uint64_t shutdown_delay_ms;    /**< --shutdown-delay-ms (5000): on SIGTERM /readyz turns
+                                        503 at once and kvroute keeps serving (new connections
+                                        too) this long before it drains, so endpoints
+                                        controllers and load balancers stop sending first
+                                        (Kubernetes' Pod termination; 0 = drain at once) */
     uint64_t health_interval_ms;   /**< --health-interval-ms (2000; 0 = off) */
     uint32_t unhealthy_threshold;  /**< --unhealthy-threshold: failed checks in a row that make
                                         a worker unhealthy (2) */
@@ -178,6 +188,16 @@ typedef struct kvr_config {
                                         before written (1 MiB); lines past it are dropped */
     size_t status_ttft_samples;    /**< --status-ttft-samples: recent TTFTs behind /status's
                                         ttft_ms p50/p99 (1024) */
+    kvr_k8s_cfg k8s;               /**< --k8s-service (repeatable), --k8s-namespace,
+                                        --k8s-port, --k8s-api-url, --k8s-token-file,
+                                        --k8s-ca-file, --k8s-kv-events-port,
+                                        --k8s-kv-replay-port, --k8s-kv-topic,
+                                        --k8s-watch-timeout-s,
+                                        --k8s-backoff-max-ms, --k8s-max-event-bytes,
+                                        --k8s-max-list-bytes, --k8s-max-endpoints; file:
+                                        discovery.kubernetes {service, namespace, port,
+                                        kv_events_port, kv_replay_port, kv_topic}.
+                                        With a service, workers are optional */
     const char **kv_events_args;   /**< each --kv-events WORKER_URL=ENDPOINT[,REPLAY] as given,
                                         applied over the workers' own kv_events at load */
     size_t nkv_events_args;
@@ -225,12 +245,16 @@ void *kvr_config_alloc(kvr_config *c, size_t size);
 /** Reads the YAML file `path` into `c` (src/config/file.c): top-level global keys through
  *  the global flag table, `listen` {host, port}, `admin` {host, port, token_file}, `auth`
  *  {api_keys_file} (→ c->api_key_file), `egress` {allow: [..], deny: [..]} (lists of scalars,
- *  kept as written with the section's position), `rate_limits` {NAME: {requests_per_minute,
+ *  kept as written with the section's position), `discovery` {kubernetes: {service,
+ *  namespace, port, kv_events_port, kv_replay_port, kv_topic}} (the --k8s-* flags),
+ *  `rate_limits` {NAME: {requests_per_minute,
  *  tokens_per_minute}} (non-negative integers), `defaults`
  *  (per-route keys, into c->route), `workers` (a list of {url, name, weight, api_key_file,
  *  api_key_env, max_inflight, kv_events, lmcache} maps or plain URL strings, appended to
- *  c->workers with their positions) and `routes` (a list of {name or model, aliases,
- *  targets, per-route keys}; targets are {worker, model, weight} maps or plain worker names;
+ *  c->workers with their positions), `discovery` {kubernetes: {service, namespace, port,
+ *  kv_events_port, kv_replay_port, kv_topic}} (the --k8s-* flags) and `routes` (a list of
+ *  {name or model, aliases, targets, service (a Kubernetes Service feeding it), per-route
+ *  keys}; targets are {worker, model, weight} maps or plain worker names;
  *  per-route keys are checked against the route table's types and bounds and
  *  kept as written in `settings`). Every other global flag but config, check and worker is a
  *  top-level key too (the last one written wins over `listen`/`admin`/`defaults`). At most

@@ -35,7 +35,14 @@ typedef struct {
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
 static const char *const TOP_KEYS[] = {"listen",  "admin",  "auth",       "defaults",
-                                       "workers", "routes", "egress", "rate_limits"};
+                                       "workers", "routes", "egress", "rate_limits",
+                                       "discovery"};
+static const char *const DISCOVERY_KEYS[] = {"kubernetes"};
+static const char *const K8S_KEYS[] = {"service",        "namespace",      "port",
+                                       "kv_events_port", "kv_replay_port", "kv_topic"};
+static const char *const K8S_FLAGS[] = {"k8s-service",        "k8s-namespace",
+                                        "k8s-port",           "k8s-kv-events-port",
+                                        "k8s-kv-replay-port", "k8s-kv-topic"};
 static const char *const LISTEN_KEYS[] = {"host", "port"};
 static const char *const LISTEN_FLAGS[] = {"host", "port"};
 static const char *const ADMIN_KEYS[] = {"host", "port", "token_file"};
@@ -43,7 +50,7 @@ static const char *const ADMIN_FLAGS[] = {"admin-host", "admin-port", "admin-tok
 static const char *const AUTH_KEYS[] = {"api_keys_file"};
 static const char *const AUTH_FLAGS[] = {"api-key-file"};
 static const char *const EGRESS_KEYS[] = {"allow", "deny"};
-static const char *const ROUTE_KEYS[] = {"name", "model", "aliases", "targets"};
+static const char *const ROUTE_KEYS[] = {"name", "model", "aliases", "targets", "service"};
 /* Global flags that make no sense in the file (or have a section instead): never suggested. */
 static const char *const ARGV_ONLY[] = {"config", "check", "worker", "api-key-file",
                                         "kv-events", "scorer"};
@@ -629,6 +636,10 @@ static int route(loader *l, const yaml_node_t *k, const yaml_node_t *m, kvr_rout
             aliases(l, kk, v, r);
         } else if (is(kk, "targets")) {
             targets(l, kk, v, r);
+        } else if (is(kk, "service")) {
+            const char *s = scalar(l, kk, v, 1);
+            if (s)
+                r->k8s_service = keep(l, s);
         } else {
             const kvr_flag *f = flag_for(kk, l->route_flags, l->nroute_flags);
             if (!f) {
@@ -751,6 +762,24 @@ static void global(loader *l, const yaml_node_t *k, const yaml_node_t *v)
         apply(l, f, l->c, k, v);
 }
 
+/* `discovery: {kubernetes: {service, namespace, port, kv_events_port, kv_replay_port,
+ * kv_topic}}` (the other settings of Kubernetes
+ * discovery are flags, top-level keys here). */
+static void discovery(loader *l, const yaml_node_t *k, const yaml_node_t *m)
+{
+    if (!want(l, k, m, YAML_MAPPING_NODE))
+        return;
+    yaml_node_t *kk, *v;
+    EACH_PAIR(m, p) {
+        if (!pair(l, m, p, &kk, &v))
+            continue;
+        if (is(kk, "kubernetes"))
+            settings(l, kk, v, l->c, K8S_KEYS, K8S_FLAGS, COUNT(K8S_KEYS));
+        else
+            unknown(l, kk, DISCOVERY_KEYS, COUNT(DISCOVERY_KEYS), NULL, 0);
+    }
+}
+
 static void top(loader *l, const yaml_node_t *m)
 {
     if (m->type != YAML_MAPPING_NODE) {
@@ -769,6 +798,8 @@ static void top(loader *l, const yaml_node_t *m)
             settings(l, k, v, l->c, AUTH_KEYS, AUTH_FLAGS, COUNT(AUTH_KEYS));
         else if (is(k, "egress"))
             egress(l, k, v);
+        else if (is(k, "discovery"))
+            discovery(l, k, v);
         else if (is(k, "rate_limits"))
             rate_limits(l, k, v);
         else if (is(k, "defaults"))

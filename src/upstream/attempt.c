@@ -340,6 +340,8 @@ kvr_upc_attempt *kvr_up__attempt_new(kvr_upc *u)
     rc |= curl_easy_setopt(e, CURLOPT_CLOSESOCKETFUNCTION, kvr_up__closesocket_cb);
     rc |= curl_easy_setopt(e, CURLOPT_CLOSESOCKETDATA, u);
     rc |= curl_easy_setopt(e, CURLOPT_HTTPHEADER, NULL);
+    if (u->opts.ca_file)
+        rc |= curl_easy_setopt(e, CURLOPT_CAINFO, u->opts.ca_file);
     /* Deliberately no CURLOPT_TIMEOUT: it would cap the length of a generation. */
     if (rc != CURLE_OK) {
         /* cannot happen with a libcurl built with HTTP; keep the object consistent anyway */

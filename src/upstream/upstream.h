@@ -57,6 +57,10 @@ typedef struct kvr_upstream_opts {
                                           connection as it was reused); a later one may mean
                                           the worker was working on it, so it is a failure
                                           (the retry rules decide), not a silent duplicate */
+    const char *ca_file;             /**< CA bundle that verifies https:// servers
+                                          (CURLOPT_CAINFO; borrowed, must outlive the
+                                          client); NULL = the system's. The Kubernetes API
+                                          client sets its cluster's CA here */
     /** Optional connect-time check (the egress policy): called for every new connection with
      *  the request's URL and the address about to be dialled (after DNS resolution); returning
      *  0 refuses it and the attempt fails with KVR_UP_EGRESS_DENIED. */

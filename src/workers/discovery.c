@@ -98,6 +98,12 @@ void kvr_discovery_start(kvr_workers_ctx *ctx)
     kvr_periodic_start(&g_timer, ctx->loop, tick, ctx, 0, TICK_MS);
 }
 
+void kvr_discovery_probe(kvr_workers_ctx *ctx, kvr_worker *w)
+{
+    if (ctx->discover)
+        kvr_probe_worker(ctx, w, "/v1/models", BODY_CAP, TICK_MS, on_models);
+}
+
 void kvr_discovery_stop(void)
 {
     kvr_periodic_stop(&g_timer);

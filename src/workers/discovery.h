@@ -11,6 +11,9 @@
  *  worker that cannot be reached, or answers anything but a 200 with a `data` list, keeps its
  *  last list. No-op unless ctx->discover. */
 void kvr_discovery_start(kvr_workers_ctx *ctx);
+/** Reads `w`'s /v1/models now (a worker just discovered), as the timer would; no-op unless
+ *  ctx->discover. */
+void kvr_discovery_probe(kvr_workers_ctx *ctx, kvr_worker *w);
 /** Stops the timer (safe to call once). */
 void kvr_discovery_stop(void);
 

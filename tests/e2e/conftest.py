@@ -545,6 +545,12 @@ class Proc:
     """A child process we started; stopped only by its pid."""
 
     def __init__(self, argv, stderr_path, stdout=subprocess.DEVNULL, env=None):
+        # kvroute waits --shutdown-delay-ms (5000) after SIGTERM before it drains (Kubernetes
+        # rollouts); tests stop it by SIGTERM all the time, so they run it without the delay
+        # unless they set it themselves (test_k8s.py does).
+        if (argv and Path(str(argv[0])).name == "kvroute"
+                and "--shutdown-delay-ms" not in [str(a) for a in argv]):
+            argv = list(argv) + ["--shutdown-delay-ms", "0"]
         self.argv = argv
         self.stderr_path = Path(stderr_path)
         self._errf = open(self.stderr_path, "wb")
