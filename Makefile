@@ -86,14 +86,14 @@ test: all
 	$(MAKE) e2e-curl
 
 # What CI runs: the normal build's unit + e2e suites, then both again under ASan+UBSan, then
-# every fuzz harness for 30 s (`make fuzz FUZZ_SECONDS=N` for longer runs), then the container
+# every fuzz harness for 15 s (`make fuzz FUZZ_SECONDS=N` for longer runs), then the container
 # image built and proved without a registry (scripts/image-test.sh: root, podman, debootstrap;
 # under 3 minutes cold on 2 cores, 30 s with its caches).
 check:
 	$(MAKE) test
 	$(MAKE) asan
 	$(MAKE) BUILD=build-asan CFLAGS="$(ASAN_CFLAGS)" LTO= unit e2e
-	$(MAKE) fuzz FUZZ_SECONDS=30
+	$(MAKE) fuzz FUZZ_SECONDS=15
 	$(MAKE) image-test
 
 ASAN_CFLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
