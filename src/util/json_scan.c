@@ -759,6 +759,8 @@ int kvr_json_span_is(const char *buf, const kvr_json_span *s, const char *str)
     const unsigned char *p = (const unsigned char *)buf + s->off + 1, *e = p + s->len - 2;
     if (!s->escaped) {
         size_t n = s->len - 2;
+        if (!n || (unsigned char)str[0] != *p) /* most names differ at once: no call */
+            return !n && str[0] == '\0';
         return strncmp(str, (const char *)p, n) == 0 && str[n] == '\0';
     }
     size_t n = strlen(str);
