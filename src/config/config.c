@@ -11,6 +11,7 @@
 
 #include "routing/scorers.h"
 #include "upstream/egress.h"
+#include "workers/k8s.h"
 #include "util/flags.h"
 
 static int set_worker(void *target, const kvr_flag *f, const char *v, char *err, size_t cap);
@@ -682,31 +683,18 @@ static void check_kv_events(kvr_config *c, kvr_errlist *errs)
     }
 }
 
-/* Applies each route's own settings over the defaults, and checks its targets. */
-/* A DNS label (RFC 1123), as Kubernetes names Services and namespaces. */
-static int dns_label(const char *s)
-{
-    size_t n = strlen(s);
-    if (n == 0 || n > 63 || s[0] == '-' || s[n - 1] == '-')
-        return 0;
-    for (size_t i = 0; i < n; i++)
-        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '-'))
-            return 0;
-    return 1;
-}
-
 /* Kubernetes discovery's names, so that --check catches what the start would refuse. */
 static void check_k8s(const kvr_config *c, kvr_errlist *errs)
 {
     for (size_t i = 0; i < c->k8s.nservices; i++)
-        if (!dns_label(c->k8s.services[i]))
+        if (!kvr_k8s_dns_label(c->k8s.services[i]))
             kvr_errlist_add(errs, "--k8s-service '%.64s': not a Service name (a DNS label)",
                             c->k8s.services[i]);
-    if (c->k8s.ns && !dns_label(c->k8s.ns))
+    if (c->k8s.ns && !kvr_k8s_dns_label(c->k8s.ns))
         kvr_errlist_add(errs, "--k8s-namespace '%.64s': not a namespace name (a DNS label)",
                         c->k8s.ns);
     for (size_t i = 0; i < c->nroutes; i++)
-        if (c->routes[i].k8s_service && !dns_label(c->routes[i].k8s_service))
+        if (c->routes[i].k8s_service && !kvr_k8s_dns_label(c->routes[i].k8s_service))
             kvr_errlist_add(errs, "route '%s': service '%.64s': not a Service name (a DNS label)",
                             c->routes[i].name, c->routes[i].k8s_service);
     if (c->k8s.api_url && strncmp(c->k8s.api_url, "https://", 8) != 0 &&
@@ -715,6 +703,7 @@ static void check_k8s(const kvr_config *c, kvr_errlist *errs)
                         c->k8s.api_url);
 }
 
+/* Applies each route's own settings over the defaults, and checks its targets. */
 static void resolve_routes(kvr_config *c, kvr_errlist *errs)
 {
     char at[600], err[512];

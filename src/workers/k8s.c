@@ -65,8 +65,7 @@ void kvr_k8s_cfg_default(kvr_k8s_cfg *c)
     c->max_endpoints = 1000;
 }
 
-/* A DNS label (RFC 1123, as Kubernetes names Services and namespaces). */
-static int dns_label(const char *s)
+int kvr_k8s_dns_label(const char *s)
 {
     size_t n = s ? strlen(s) : 0;
     if (n == 0 || n > 63 || s[0] == '-' || s[n - 1] == '-')
@@ -449,7 +448,7 @@ static int resolve(kvr_k8s *k, const kvr_k8s_cfg *cfg, char *err, size_t cap)
         snprintf(k->ns, sizeof(k->ns), "default");
         KVR_WARN("msg=\"no --k8s-namespace and no service-account namespace: using default\"");
     }
-    if (!dns_label(k->ns)) {
+    if (!kvr_k8s_dns_label(k->ns)) {
         snprintf(err, cap, "namespace '%.64s' is not a DNS label", k->ns);
         return -1;
     }
@@ -468,7 +467,7 @@ static int resolve(kvr_k8s *k, const kvr_k8s_cfg *cfg, char *err, size_t cap)
         KVR_WARN("msg=\"no service-account token: Kubernetes API calls go unauthenticated\" "
                  "path=%s", k->token_path);
     for (size_t i = 0; i < cfg->nservices; i++)
-        if (!dns_label(cfg->services[i])) {
+        if (!kvr_k8s_dns_label(cfg->services[i])) {
             snprintf(err, cap, "--k8s-service '%.64s' is not a DNS label", cfg->services[i]);
             return -1;
         }

@@ -66,6 +66,11 @@ typedef struct kvr_k8s_cfg {
 /** Fills the defaults (no services). */
 void kvr_k8s_cfg_default(kvr_k8s_cfg *c);
 
+/** 1 when `s` (NUL-terminated; NULL counts as empty) is a DNS label as Kubernetes names
+ *  Services and namespaces (RFC 1123: 1-63 bytes of a-z, 0-9 and '-', not starting or
+ *  ending with '-'), else 0. */
+int kvr_k8s_dns_label(const char *s);
+
 /** What the owner does with what the watch finds. Called on the loop. */
 typedef struct kvr_k8s_hooks {
     /** A ready endpoint of `service` appeared: add worker `url` named `name` (the pod; the URL when the
