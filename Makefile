@@ -2,7 +2,7 @@
 # ASan+UBSan; `make test` runs the cmocka unit tests and the pytest end-to-end suite.
 CC      ?= gcc
 BUILD   ?= build
-PKGS    := libuv libcurl jansson yaml-0.1 libzmq msgpack libxxhash
+PKGS    := libuv libcurl jansson yaml-0.1 libzmq msgpack libxxhash hiredis
 CFLAGS  ?= -O2 -g
 KVR_CFLAGS := -std=c17 -D_GNU_SOURCE -Wall -Wextra -Werror -Isrc $(shell pkg-config --cflags $(PKGS))
 LDLIBS  := $(shell pkg-config --libs $(PKGS)) -lhttp_parser -lm -lpthread

@@ -59,11 +59,16 @@ void kvr_api_healthz(kvr_app *app, kvr_http_req *r)
 void kvr_api_readyz(kvr_app *app, kvr_http_req *r)
 {
     size_t n = kvr_registry_eligible_count(app->reg);
-    int ready = n > 0 && app->routes->n > 0 && !app->draining;
-    reply_json(app, r, ready ? 200 : 503,
-               json_pack("{s:s,s:I,s:I}", "status", ready ? "ready" : "not_ready",
-                         "eligible_workers", (json_int_t)n, "workers",
-                         (json_int_t)kvr_registry_count(app->reg)));
+    /* A replica sharing state is ready once it replayed the routing log (or gave up on it
+     * after --redis-warm-timeout-ms): it then routes like the others from its first request. */
+    int warm = !app->cluster || kvr_cluster_warm(app->cluster);
+    int ready = n > 0 && app->routes->n > 0 && !app->draining && warm;
+    json_t *j = json_pack("{s:s,s:I,s:I}", "status", ready ? "ready" : "not_ready",
+                          "eligible_workers", (json_int_t)n, "workers",
+                          (json_int_t)kvr_registry_count(app->reg));
+    if (app->cluster)
+        json_object_set_new(j, "cluster_warm", json_boolean(warm));
+    reply_json(app, r, ready ? 200 : 503, j);
 }
 
 void kvr_api_metrics(kvr_app *app, kvr_http_req *r)

@@ -111,6 +111,9 @@ typedef struct kvr_app {
     struct kvr_tokenizer *tokenizer;     /**< prompt token ids for precise routing */
     struct kvr_otlp *otlp;               /**< span exporter (NULL: no --otlp-endpoint) */
     struct kvr_access_log *access;       /**< the access log (NULL: no --access-log) */
+    struct kvr_cluster *cluster;         /**< the replicas' shared state (NULL: no --redis) */
+    uint64_t *cluster_keys;              /**< scratch: one entry's block keys */
+    size_t ncluster_keys;
     struct kvr_status_stats *status;     /**< the admin GET /status figures (NULL = none
                                               kept) */
 } kvr_app;
@@ -190,6 +193,18 @@ void kvr_app_breaker_tick(kvr_app *app);
  *  checks the address against app->egress and counts kvroute_egress_denied_total{endpoint}
  *  (endpoint = the URL's scheme, host and port) when refused. */
 int kvr_app_allow_connect(void *ud, const char *url, const struct sockaddr *sa);
+
+/** Starts sharing routing state through Redis when --redis is set (src/app/replicas.c):
+ *  other replicas' log entries are applied to the routes, this replica's loads published
+ *  and theirs added to the workers' remote_inflight. Returns 0 (also without --redis), or -1
+ *  with a reason in `err`. */
+int kvr_app_cluster_start(kvr_app *app, char *err, size_t cap);
+/** Worker `w` of route `r` was just taught keys `k` (kvr_route_teach): appends it to the
+ *  routing log (block keys and session digest only). No-op without a cluster, or for a
+ *  policy that learns nothing. */
+void kvr_app_cluster_taught(kvr_app *app, kvr_route *r, kvr_worker *w, const kvr_route_keys *k);
+/** Worker `w` lost its cache (restart, long outage): tells the other replicas. */
+void kvr_app_cluster_forgot(kvr_app *app, kvr_worker *w);
 
 /** Sets up app->wctx from the configuration (after reg, up and metrics exist). */
 void kvr_app_workers_ctx_init(kvr_app *app);

@@ -34,8 +34,10 @@ typedef struct {
 
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
-static const char *const TOP_KEYS[] = {"listen",  "admin",  "auth",       "defaults",
-                                       "workers", "routes", "egress", "rate_limits"};
+static const char *const TOP_KEYS[] = {"listen", "admin",  "auth",        "defaults", "workers",
+                                       "routes", "egress", "rate_limits", "redis"};
+static const char *const REDIS_KEYS[] = {"url", "key_prefix", "password_file"};
+static const char *const REDIS_FLAGS[] = {"redis", "redis-key-prefix", "redis-password-file"};
 static const char *const LISTEN_KEYS[] = {"host", "port"};
 static const char *const LISTEN_FLAGS[] = {"host", "port"};
 static const char *const ADMIN_KEYS[] = {"host", "port", "token_file"};
@@ -767,6 +769,8 @@ static void top(loader *l, const yaml_node_t *m)
             settings(l, k, v, l->c, ADMIN_KEYS, ADMIN_FLAGS, COUNT(ADMIN_KEYS));
         else if (is(k, "auth"))
             settings(l, k, v, l->c, AUTH_KEYS, AUTH_FLAGS, COUNT(AUTH_KEYS));
+        else if (is(k, "redis"))
+            settings(l, k, v, l->c, REDIS_KEYS, REDIS_FLAGS, COUNT(REDIS_KEYS));
         else if (is(k, "egress"))
             egress(l, k, v);
         else if (is(k, "rate_limits"))

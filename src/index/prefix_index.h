@@ -143,6 +143,13 @@ void kvr_prefix_index_tick(kvr_prefix_index *ix, uint64_t calls);
  *  out (the index then holds a consistent subset of the blocks). An empty text is a no-op. */
 int kvr_prefix_index_insert(kvr_prefix_index *ix, size_t worker, const void *text, size_t len);
 
+/** As kvr_prefix_index_insert for a text whose block keys (kvr_prefix_index_block_keys with
+ *  this index's block_bytes, `n` of them, in order) were computed elsewhere: what another
+ *  kvroute replica taught (cluster/cluster.h). Keys of another block size simply never match.
+ *  Returns 0, or -1 as insert does. n = 0 is a no-op. */
+int kvr_prefix_index_insert_keys(kvr_prefix_index *ix, size_t worker, const uint64_t *keys,
+                                 size_t n);
+
 /** Drops every block `worker` holds, at once (it left, restarted or cleared its cache), and its
  *  capacity setting (and any cap learned from corrections). Returns the number of holdings
  *  dropped. Use snapshots taken before are void for it. */

@@ -357,6 +357,7 @@ static void teach_reply(preq *p)
         p->keys.k.text = p->keys.text.data;
         p->keys.k.text_len = p->keys.text.len;
         kvr_route_teach(p->route, p->w, &p->keys.k);
+        kvr_app_cluster_taught(p->app, p->route, p->w, &p->keys.k);
     }
     json_decref(reply);
 }
@@ -536,6 +537,7 @@ static void on_headers(void *ud, int status, const kvr_http_header *h, size_t n)
      * affinity as soon as the first answer starts; failed attempts teach nothing. */
     if (ok && teaches(p)) {
         kvr_route_teach(p->route, p->w, &p->keys.k);
+        kvr_app_cluster_taught(p->app, p->route, p->w, &p->keys.k);
         p->prefilling = 1;
         p->w->prefilling++;
     }
@@ -1067,7 +1069,7 @@ static size_t exclude_full(preq *p, size_t *ex, size_t cap)
     memcpy(ex, p->tried, n * sizeof(*ex));
     for (size_t i = 0; i < p->route->ntargets && n < cap; i++) {
         const kvr_worker *w = p->route->targets[i].worker;
-        if (w->max_inflight && (uint64_t)w->inflight >= w->max_inflight)
+        if (w->max_inflight && (uint64_t)kvr_worker_load(w) >= w->max_inflight)
             ex[n++] = w->id;
     }
     return n;
@@ -1082,7 +1084,7 @@ static int pick_fixed(preq *p, int process)
     if (!t || w->removed || !w->healthy || !kvr_breaker_admits(&w->breaker))
         return -1;
     if ((process && p->app->cfg.max_inflight && g_inflight >= p->app->cfg.max_inflight) ||
-        (w->max_inflight && (uint64_t)w->inflight >= w->max_inflight))
+        (w->max_inflight && (uint64_t)kvr_worker_load(w) >= w->max_inflight))
         return 0;
     p->pick = (kvr_pick){.worker = w, .decision = "session_id_match", .match = -1,
                          .chosen_match = -1, .predicted_tokens = -1};

@@ -1,0 +1,324 @@
+"""Several kvroute replicas sharing routing state through Redis (issue 19, DESIGN §13).
+
+Each test starts its own redis-server on a free loopback port (no persistence), kvroute-sim
+workers and two or three kvroute replicas with the same --redis and key prefix, and checks
+what the others learn from one replica's traffic: failover to a replica that never saw the
+conversations, a replica started late, sessions continued elsewhere, load seen across
+replicas, and Redis dying or freezing under traffic. Every process is stopped by pid; every
+wait is bounded.
+"""
+import concurrent.futures
+import json
+import signal
+import socket
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import SIM_MODEL, SSL_CTX, Proc, free_port, wait_until
+
+REDIS_BIN = "/usr/bin/redis-server"
+LONG = ("You are a careful airline agent. Follow the policy exactly, check the reservation "
+        "before changing it, and never guess a passenger's details. ") * 6
+
+
+class Redis:
+    """A redis-server on 127.0.0.1:port, no persistence; stopped by pid at teardown."""
+
+    def __init__(self, procs, tmp_path, port=None):
+        if not Path(REDIS_BIN).exists():
+            pytest.skip("redis-server not installed (scripts/install-deps.sh)")
+        self.procs, self.tmp_path = procs, tmp_path
+        self.port = port or free_port()
+        self.url = "redis://127.0.0.1:%d" % self.port
+        self.start()
+
+    def start(self):
+        argv = [REDIS_BIN, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                "--appendonly", "no"]
+        self.proc = Proc(argv, Path(self.tmp_path) / ("redis-%d.stderr" % len(self.procs.procs)))
+        self.procs.procs.append(self.proc)
+        wait_until(self.ping, 5.0, what="redis-server answering PING")
+
+    def ping(self):
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(64).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def kill(self):
+        self.proc.signal(signal.SIGKILL)
+        self.proc.wait(5.0)
+
+    def stop_signal(self):
+        self.proc.signal(signal.SIGSTOP)
+
+    def cont(self):
+        self.proc.signal(signal.SIGCONT)
+
+
+def metric(kv, name, **labels):
+    return kv.metrics().get(name, **labels)
+
+
+def replica(kvroute, workers, redis, rid, policy="cache_aware", extra=()):
+    return kvroute(workers, model=SIM_MODEL, policy=policy,
+                   extra=["--redis", redis.url, "--replica-id", rid, "--admin-port",
+                          str(free_port()), "--redis-stall-ms", "300", *extra])
+
+
+def wait_ready(kv, timeout=10.0):
+    wait_until(lambda: kv.get("/readyz").status_code == 200, timeout, what="/readyz 200")
+
+
+def chat(kv, messages, session=None, max_tokens=8, timeout=10.0):
+    headers = {"x-session-id": session} if session else None
+    r = kv.post("/v1/chat/completions", {"model": SIM_MODEL, "messages": messages,
+                                         "max_tokens": max_tokens}, headers=headers,
+                timeout=timeout)
+    assert r.status_code == 200, r.text
+    return r
+
+
+def first_turn(i):
+    return [{"role": "system", "content": LONG},
+            {"role": "user", "content": "conversation %d: I need to change my flight %d, "
+                                        "reservation code X%05d, to the next morning." % (i, i, i)}]
+
+
+def next_turn(msgs, reply):
+    return msgs + [{"role": "assistant", "content": reply},
+                   {"role": "user", "content": "yes"}]
+
+
+def reply_text(r):
+    return r.json()["choices"][0]["message"]["content"]
+
+
+def wait_applied(kv, n, timeout=5.0):
+    """Waits until `kv` applied at least n log entries from the others."""
+    wait_until(lambda: metric(kv, "kvroute_redis_log_entries_total", direction="in") >= n,
+               timeout, what="%d routing-log entries applied" % n)
+
+
+def out_count(kv):
+    return metric(kv, "kvroute_redis_log_entries_total", direction="out")
+
+
+def four_sims(sim_factory, *args):
+    return [sim_factory("--time-scale", "0", *args) for _ in range(4)]
+
+
+# ============================================================================ tests
+def test_failover_next_turns_through_b_land_on_the_same_worker(procs, tmp_path, sim_factory,
+                                                              kvroute):
+    redis = Redis(procs, tmp_path)
+    sims = four_sims(sim_factory)
+    a = replica(kvroute, sims, redis, "a")
+    b = replica(kvroute, sims, redis, "b")
+    convs = []
+    for i in range(50):
+        msgs = first_turn(i)
+        r = chat(a, msgs)
+        convs.append((msgs, reply_text(r), r.headers["x-kvroute-worker"]))
+    assert len({w for _, _, w in convs}) >= 3, "the first turns were not spread"
+    wait_until(lambda: out_count(a) >= 100, 5.0, what="A wrote its entries")
+    wait_applied(b, 100)
+    a.proc.signal(signal.SIGKILL)
+    a.proc.wait(5.0)
+    same = 0
+    for msgs, reply, worker in convs:
+        r = chat(b, next_turn(msgs, reply))
+        same += r.headers["x-kvroute-worker"] == worker
+    assert same >= 48, "only %d/50 next turns through B reached their worker" % same
+
+
+def test_late_replica_routes_an_old_conversation_on_its_first_request(procs, tmp_path,
+                                                                       sim_factory, kvroute):
+    redis = Redis(procs, tmp_path)
+    sims = four_sims(sim_factory)
+    a = replica(kvroute, sims, redis, "a")
+    convs = []
+    for i in range(12):
+        msgs = first_turn(i)
+        r = chat(a, msgs)
+        convs.append((msgs, reply_text(r), r.headers["x-kvroute-worker"]))
+    wait_until(lambda: out_count(a) >= 24, 5.0, what="A wrote its entries")
+    c = replica(kvroute, sims, redis, "c")
+    wait_ready(c)
+    msgs, reply, worker = convs[7]
+    r = chat(c, next_turn(msgs, reply))
+    assert r.headers["x-kvroute-worker"] == worker
+    assert float(r.headers["x-kvroute-match"]) >= 0.9, r.headers
+    assert metric(c, "kvroute_redis_log_entries_total", direction="in") >= 24
+    # the warm start is visible on the admin port
+    cl = httpx.get("http://127.0.0.1:%s/cluster" % c.argv[c.argv.index("--admin-port") + 1],
+                   timeout=5.0, verify=SSL_CTX).json()
+    assert cl["enabled"] and cl["warm"] and cl["redis_up"] and cl["replica_id"] == "c"
+
+
+def test_readyz_waits_for_the_replay(procs, tmp_path, sim_factory, kvroute):
+    """Without Redis answering, /readyz stays 503 until --redis-warm-timeout-ms, then the
+    replica serves alone (Redis is never needed to route)."""
+    sims = four_sims(sim_factory)
+    dead = "redis://127.0.0.1:%d" % free_port()
+    kv = kvroute(sims, model=SIM_MODEL, policy="cache_aware",
+                 extra=["--redis", dead, "--redis-warm-timeout-ms", "1500"])
+    t0 = time.monotonic()
+    assert kv.get("/readyz").status_code == 503
+    assert kv.get("/readyz").json()["cluster_warm"] is False
+    chat(kv, first_turn(1))  # routing never waits for Redis
+    wait_ready(kv, timeout=5.0)
+    assert time.monotonic() - t0 >= 1.0
+    m = kv.metrics()
+    assert m.get("kvroute_redis_up") == 0
+    assert m.get("kvroute_redis_errors_total", op="connect") >= 1
+
+
+def test_session_bound_through_a_continues_through_b(procs, tmp_path, sim_factory, kvroute):
+    redis = Redis(procs, tmp_path)
+    sims = four_sims(sim_factory)
+    a = replica(kvroute, sims, redis, "a")
+    b = replica(kvroute, sims, redis, "b")
+    bound = {}
+    for i in range(8):
+        r = chat(a, [{"role": "user", "content": "hi %d" % i}], session="sess-%d" % i)
+        bound[i] = r.headers["x-kvroute-worker"]
+    assert len(set(bound.values())) >= 2
+    wait_applied(b, 8)
+    for i in range(8):
+        # unrelated text: only the session id can take it there
+        r = chat(b, [{"role": "user", "content": "something else entirely %d" % (i * 7)}],
+                 session="sess-%d" % i)
+        assert r.headers["x-kvroute-decision"] == "session_id_match", r.headers
+        assert r.headers["x-kvroute-worker"] == bound[i]
+    # a prefix of a session id is another session (DESIGN §5)
+    r = chat(b, [{"role": "user", "content": "x"}], session="sess-")
+    assert r.headers["x-kvroute-decision"] != "session_id_match"
+
+
+def test_least_load_sees_the_other_replicas_load(procs, tmp_path, sim_factory, kvroute):
+    redis = Redis(procs, tmp_path)
+    sims = four_sims(sim_factory)
+    for s in sims:
+        s.faults(delay_ms=3000)
+    w1 = sims[0]
+    a = replica(kvroute, [w1], redis, "a", policy="least_load",
+                extra=["--redis-load-interval-ms", "50"])
+    b = replica(kvroute, sims, redis, "b", policy="least_load",
+                extra=["--redis-load-interval-ms", "50"])
+    pool = concurrent.futures.ThreadPoolExecutor(24)
+    body = {"model": SIM_MODEL, "messages": [{"role": "user", "content": "slow"}],
+            "max_tokens": 2}
+    held = [pool.submit(a.post, "/v1/chat/completions", body, None, None, 20.0)
+            for _ in range(12)]
+    wait_until(lambda: a.inflight().get(w1.url) == 12, 5.0, what="12 held on W1 through A")
+    # B sees them once A published (every 50 ms, read back on B's next poll)
+    admin_b = "http://127.0.0.1:%s/cluster" % b.argv[b.argv.index("--admin-port") + 1]
+    wait_until(lambda: any(r["id"] == "a" for r in httpx.get(admin_b, timeout=2.0,
+                                                             verify=SSL_CTX)
+                           .json()["replica_list"]), 5.0, what="B sees A")
+    time.sleep(0.3)
+    assert metric(b, "kvroute_cluster_replicas") == 2
+    sent = [pool.submit(b.post, "/v1/chat/completions", body, None, None, 20.0)
+            for _ in range(12)]
+    workers = [f.result().headers["x-kvroute-worker"] for f in sent]
+    for f in held:
+        assert f.result().status_code == 200
+    pool.shutdown()
+    assert workers.count(w1.url) <= 1, workers
+
+
+def test_redis_killed_then_stopped_during_a_replay(procs, tmp_path, sim_factory, kvroute):
+    redis = Redis(procs, tmp_path)
+    sims = four_sims(sim_factory)
+    a = replica(kvroute, sims, redis, "a", extra=["--redis-timeout-ms", "5"])
+    b = replica(kvroute, sims, redis, "b", extra=["--redis-timeout-ms", "5"])
+    stop = {"flag": False}
+    lat, errors = [], []
+
+    def traffic(kv, base):
+        i = 0
+        with httpx.Client(timeout=10.0, verify=SSL_CTX) as cl:
+            while not stop["flag"]:
+                i += 1
+                t = time.monotonic()
+                try:
+                    r = cl.post(kv.url + "/v1/chat/completions",
+                                json={"model": SIM_MODEL, "max_tokens": 2,
+                                      "messages": [{"role": "user",
+                                                    "content": "replay %d %d" % (base, i % 40)}]})
+                    if r.status_code != 200:
+                        errors.append(r.status_code)
+                except httpx.HTTPError as e:
+                    errors.append(repr(e))
+                lat.append(time.monotonic() - t)
+
+    pool = concurrent.futures.ThreadPoolExecutor(2)
+    futs = [pool.submit(traffic, a, 1), pool.submit(traffic, b, 2)]
+    try:
+        time.sleep(0.5)
+        base = sorted(lat)[len(lat) // 2]
+        redis.kill()
+        wait_until(lambda: metric(a, "kvroute_redis_up") == 0 and
+                   metric(b, "kvroute_redis_up") == 0, 3.0, what="redis_up 0 after SIGKILL")
+        time.sleep(0.5)
+        redis.start()  # same port, empty
+        t0 = time.monotonic()
+        wait_until(lambda: metric(a, "kvroute_redis_up") == 1 and
+                   metric(b, "kvroute_redis_up") == 1, 3.0, what="redis_up 1 again")
+        assert time.monotonic() - t0 < 2.5
+        time.sleep(0.3)
+        redis.stop_signal()
+        wait_until(lambda: metric(a, "kvroute_redis_up") == 0 and
+                   metric(b, "kvroute_redis_up") == 0, 3.0, what="redis_up 0 when SIGSTOPped")
+        time.sleep(0.5)
+        redis.cont()
+        wait_until(lambda: metric(a, "kvroute_redis_up") == 1 and
+                   metric(b, "kvroute_redis_up") == 1, 3.0, what="redis_up 1 after SIGCONT")
+    finally:
+        redis.cont()
+        stop["flag"] = True
+        for f in futs:
+            f.result(timeout=15)
+        pool.shutdown()
+    assert not errors, errors[:5]
+    assert len(lat) > 50
+    # routing never waited on Redis: no request far slower than the steady state
+    slow = [x for x in lat if x > base + 0.25]
+    assert len(slow) <= len(lat) // 100, (base, sorted(lat)[-5:])
+    assert metric(a, "kvroute_redis_errors_total", op="stall") >= 1
+    # the replicas agree again: a conversation taught through A is routed through B
+    msgs = first_turn(999)
+    before = metric(b, "kvroute_redis_log_entries_total", direction="in")
+    r = chat(a, msgs)
+    wait_applied(b, before + 2)  # the prompt at the headers, then prompt + reply
+    r2 = chat(b, next_turn(msgs, reply_text(r)))
+    assert r2.headers["x-kvroute-worker"] == r.headers["x-kvroute-worker"]
+    assert float(r2.headers["x-kvroute-match"]) >= 0.9
+
+
+def test_bad_redis_settings_are_refused(procs, tmp_path, sim_factory, kvroute):
+    import subprocess
+    from conftest import KVROUTE_BIN
+    for url, msg in [("rediss://127.0.0.1:6379", "TLS"), ("http://x", "not a redis:// URL"),
+                     ("redis://127.0.0.1:0", "port"), ("redis://:pw@", "host")]:
+        p = subprocess.run([str(KVROUTE_BIN), "--worker", "http://127.0.0.1:1", "--model", "m",
+                            "--redis", url, "--check"], capture_output=True, text=True,
+                           timeout=10)
+        assert p.returncode != 0 and msg in p.stdout + p.stderr, (url, p.stdout, p.stderr)
+    cfg = Path(tmp_path) / "c.yaml"
+    cfg.write_text("workers: [http://127.0.0.1:1]\nmodel: m\n"
+                   "redis: {url: 'redis://127.0.0.1:1/2', key_prefix: 'x:', password_file: "
+                   "/nonexistent}\n")
+    p = subprocess.run([str(KVROUTE_BIN), "--config", str(cfg), "--check"], capture_output=True,
+                       text=True, timeout=10)
+    assert p.returncode != 0 and "/nonexistent" in p.stdout, p.stdout
+    cfg.write_text("workers: [http://127.0.0.1:1]\nmodel: m\nredis: {urll: x}\n")
+    p = subprocess.run([str(KVROUTE_BIN), "--config", str(cfg), "--check"], capture_output=True,
+                       text=True, timeout=10)
+    assert p.returncode != 0 and "urll" in p.stdout, p.stdout
