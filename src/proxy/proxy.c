@@ -13,6 +13,7 @@
 #include "obs/status_stats.h"
 #include "proxy/admission.h"
 #include "proxy/headers.h"
+#include "cluster/cluster.h"
 #include "proxy/ratelimit.h"
 #include "proxy/spans.h"
 #include "proxy/keys.h"
@@ -79,6 +80,7 @@ typedef struct preq {
     const char *key;      /* the client key's name ("-" without auth) */
     uint64_t rl_tokens;   /* tokens counted against the key's limit before the answer */
     kvr_ratelimit_info rl;
+    struct kvr_cluster_rate_op *rate_op; /* the cross-replica rate check in flight */
     char rl_val[6][24];   /* x-ratelimit-* values */
     double pf_tokens;     /* cost: the current attempt's predicted prefill tokens ... */
     double pf_ahead;      /* ... and what was outstanding at its worker before it */
@@ -226,6 +228,7 @@ static void preq_free(preq *p)
         p->next->prev = p->prev;
     if (p->tok)
         kvr_tokenize_cancel(p->tok);
+    kvr_cluster_rate_cancel(p->rate_op);
     if (p->prefilling)
         p->w->prefilling--;
     kvr_buf_free(&p->held);
@@ -867,6 +870,7 @@ static int pick_with_room(preq *p, int process);
 static int pick_fixed(preq *p, int process);
 static void enqueue(preq *p);
 static int over_rate_limit(preq *p, const kvr_proxy_body *body);
+static void reply_rate_limited(preq *p);
 
 static void route_now(preq *p);
 
@@ -1002,15 +1006,53 @@ static preq *preq_new(kvr_app *app, kvr_http_req *r, kvr_endpoint ep, kvr_route 
 
 /* Rate limits, then routing (once the prompt's token ids are known, when the policy needs
  * them). */
+static void preq_continue(preq *p);
+
+/* The cross-replica count of the key's requests answered (cluster/cluster.h): 1 fits, 0
+ * refused, -1 unknown (Redis slow or down): then this replica allows its share of the
+ * limit, the limit divided by the live replicas, counted locally. */
+static void rate_answer(void *ud, int allowed, uint64_t retry_ms)
+{
+    preq *p = ud;
+    p->rate_op = NULL;
+    if (allowed < 0) {
+        size_t n = kvr_cluster_replicas(p->app->cluster);
+        uint64_t rpm = p->rl.limit_requests, used = rpm - p->rl.remaining_requests;
+        uint64_t share = (rpm + (n ? n : 1) - 1) / (n ? n : 1);
+        allowed = used <= share;
+        retry_ms = 60000 / (share ? share : 1);
+    }
+    if (!allowed) {
+        p->rl.remaining_requests = 0;
+        p->rl.retry_after_s = retry_ms ? (retry_ms + 999) / 1000 : 1;
+        reply_rate_limited(p);
+        return;
+    }
+    preq_continue(p);
+}
+
 static void preq_start(preq *p, const kvr_proxy_body *body)
 {
     kvr_app *app = p->app;
     if (over_rate_limit(p, body))
         return;
-    kvr_route_count_request(p->route, kvr_now_ms());
-    build_forward_headers(p);
     kvr_http_req_cbs cbs = {on_drain, on_client_gone};
     kvr_http_req_set_cbs(p->req, &cbs, p);
+    /* requests_per_minute counts across replicas: one bounded Redis round trip. */
+    if (app->cluster && p->rl.limited && p->rl.limit_requests) {
+        p->rate_op = kvr_cluster_rate(app->cluster, p->key, p->rl.limit_requests, 1,
+                                      rate_answer, p);
+        if (p->rate_op)
+            return;
+    }
+    preq_continue(p);
+}
+
+static void preq_continue(preq *p)
+{
+    kvr_app *app = p->app;
+    kvr_route_count_request(p->route, kvr_now_ms());
+    build_forward_headers(p);
     if (p->route->ops->uses_tokens && app->tokenizer && !p->fixed && fetch_tokens(p))
         return;
     route_now(p);
@@ -1233,6 +1275,13 @@ static int over_rate_limit(preq *p, const kvr_proxy_body *body)
     p->rl_tokens = token_estimate(p, body);
     if (!kvr_ratelimit_take(app->ratelimits, p->key, p->rl_tokens, kvr_now_ms(), &p->rl))
         return 0;
+    reply_rate_limited(p);
+    return 1;
+}
+
+static void reply_rate_limited(preq *p)
+{
+    kvr_app *app = p->app;
     kvr_http_header h[8];
     char ra[24];
     snprintf(ra, sizeof(ra), "%llu", (unsigned long long)p->rl.retry_after_s);
@@ -1247,7 +1296,6 @@ static int over_rate_limit(preq *p, const kvr_proxy_body *body)
                           "requests", NULL, "rate_limit_exceeded", h, n);
     p->rl.limited = 0;
     preq_free(p);
-    return 1;
 }
 
 /* The body for the current target: the client's bytes, or a copy whose `model` value names

@@ -322,3 +322,64 @@ def test_bad_redis_settings_are_refused(procs, tmp_path, sim_factory, kvroute):
     p = subprocess.run([str(KVROUTE_BIN), "--config", str(cfg), "--check"], capture_output=True,
                        text=True, timeout=10)
     assert p.returncode != 0 and "urll" in p.stdout, p.stdout
+
+
+def rate_config(tmp_path, sims, redis):
+    keys = Path(tmp_path) / "keys"
+    keys.write_text("limited:sk-limited-0123456789\nfree:sk-free-0123456789\n")
+    cfg = Path(tmp_path) / "kvroute.yaml"
+    cfg.write_text("model: %s\nauth: {api_keys_file: \"%s\"}\nhealth_interval_ms: 0\n"
+                   "rate_limits:\n  limited: {requests_per_minute: 10}\n"
+                   "redis: {url: \"%s\", key_prefix: \"t19:\"}\n"
+                   "workers: [%s]\n" % (SIM_MODEL, keys, redis.url,
+                                        ", ".join('"%s"' % s.url for s in sims)))
+    return cfg
+
+
+def keyed_chat(kv, key, i):
+    return kv.post("/v1/chat/completions",
+                   {"model": SIM_MODEL, "max_tokens": 2,
+                    "messages": [{"role": "user", "content": "limited %d" % i}]},
+                   headers={"authorization": "Bearer " + key})
+
+
+def test_requests_per_minute_counts_across_two_replicas(procs, tmp_path, sim_factory, kvroute):
+    redis = Redis(procs, tmp_path)
+    sims = four_sims(sim_factory)[:2]
+    cfg = rate_config(tmp_path, sims, redis)
+    a = kvroute([], model=None, policy=None, extra=["--config", cfg, "--replica-id", "a"])
+    b = kvroute([], model=None, policy=None, extra=["--config", cfg, "--replica-id", "b"])
+    wait_until(lambda: metric(a, "kvroute_redis_up") == 1 and metric(b, "kvroute_redis_up") == 1,
+               5.0, what="both replicas connected")
+    for i in range(10):
+        r = keyed_chat(a if i % 2 else b, "sk-limited-0123456789", i)
+        assert r.status_code == 200, (i, r.text)
+    r = keyed_chat(a, "sk-limited-0123456789", 10)
+    assert r.status_code == 429, r.text
+    assert r.json()["error"]["code"] == "rate_limit_exceeded"
+    assert 1 <= int(r.headers["retry-after"]) <= 60
+    r = keyed_chat(b, "sk-limited-0123456789", 11)
+    assert r.status_code == 429
+    # another key has no limit
+    for i in range(12):
+        assert keyed_chat(a if i % 2 else b, "sk-free-0123456789", i).status_code == 200
+
+
+def test_requests_per_minute_without_redis_is_shared_by_the_live_replicas(procs, tmp_path,
+                                                                         sim_factory, kvroute):
+    redis = Redis(procs, tmp_path)
+    sims = four_sims(sim_factory)[:2]
+    cfg = rate_config(tmp_path, sims, redis)
+    a = kvroute([], model=None, policy=None, extra=["--config", cfg, "--replica-id", "a"])
+    b = kvroute([], model=None, policy=None, extra=["--config", cfg, "--replica-id", "b"])
+    wait_until(lambda: metric(a, "kvroute_cluster_replicas") == 2 and
+               metric(b, "kvroute_cluster_replicas") == 2, 5.0, what="both see two replicas")
+    redis.kill()
+    wait_until(lambda: metric(a, "kvroute_redis_up") == 0, 3.0, what="redis_up 0")
+    codes = []
+    for i in range(8):
+        t = time.monotonic()
+        codes.append(keyed_chat(a, "sk-limited-0123456789", i).status_code)
+        assert time.monotonic() - t < 1.0
+    # 10 per minute over two live replicas: 5 here
+    assert codes == [200] * 5 + [429] * 3, codes
