@@ -1,6 +1,8 @@
 /* The cluster's Redis connections: connect, authenticate, watch for stalls, reconnect with
  * backoff; lifecycle, metrics and GET /cluster (cluster/cluster.h). */
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netdb.h>
 #include <sys/socket.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -209,7 +211,7 @@ static void on_disconnect(const redisAsyncContext *ac, int status)
 
 static int open_conn(kvr_cluster *c, kvr_conn *k)
 {
-    redisAsyncContext *ac = redisAsyncConnect(c->url.host, c->url.port);
+    redisAsyncContext *ac = redisAsyncConnect(c->addr, c->url.port);
     if (!ac)
         return -1;
     if (ac->err) {
@@ -250,13 +252,65 @@ static int open_conn(kvr_cluster *c, kvr_conn *k)
     return kvr_conn_send(k, on_ready_reply, k, 1, argv, lens);
 }
 
+/* A host name is looked up on libuv's thread pool (hiredis would call getaddrinfo on the
+ * loop); the request outlives a cluster closed meanwhile (its back pointer is cleared). */
+struct resolve {
+    uv_getaddrinfo_t req;
+    kvr_cluster *c;
+};
+
+static void connect_both(kvr_cluster *c)
+{
+    if (open_conn(c, &c->cmd) < 0 || open_conn(c, &c->rd) < 0)
+        kvr_cluster_fail(c, "connect");
+}
+
+static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
+{
+    struct resolve *r = req->data;
+    kvr_cluster *c = r->c;
+    if (c) {
+        c->resolving = NULL;
+        if (status == 0 && res &&
+            uv_ip_name(res->ai_addr, c->addr, sizeof(c->addr)) == 0) {
+            connect_both(c);
+        } else {
+            KVR_WARN("msg=\"redis host lookup failed\" host=%s error=\"%s\"", c->url.host,
+                     uv_strerror(status ? status : UV_EAI_NONAME));
+            kvr_cluster_error(c, "connect");
+            set_up(c, 0);
+            if (!uv_is_active((uv_handle_t *)&c->reconnect_timer))
+                schedule_reconnect(c);
+        }
+    }
+    uv_freeaddrinfo(res);
+    free(r);
+}
+
 void kvr_cluster_reconnect_cb(uv_timer_t *t)
 {
     kvr_cluster *c = t->data;
-    if (c->closing)
+    if (c->closing || c->resolving)
         return;
-    if (open_conn(c, &c->cmd) < 0 || open_conn(c, &c->rd) < 0)
-        kvr_cluster_fail(c, "connect");
+    unsigned char buf[sizeof(struct in6_addr)];
+    if (inet_pton(AF_INET, c->url.host, buf) == 1 || inet_pton(AF_INET6, c->url.host, buf) == 1) {
+        snprintf(c->addr, sizeof(c->addr), "%s", c->url.host);
+        connect_both(c);
+        return;
+    }
+    struct resolve *r = calloc(1, sizeof(*r));
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
+    if (!r)
+        return;
+    r->c = c;
+    r->req.data = r;
+    if (uv_getaddrinfo(c->loop, &r->req, on_resolved, c->url.host, NULL, &hints) != 0) {
+        free(r);
+        kvr_cluster_error(c, "connect");
+        schedule_reconnect(c);
+        return;
+    }
+    c->resolving = r;
 }
 
 static void watchdog_cb(uv_timer_t *t)
@@ -377,6 +431,11 @@ void kvr_cluster_close(kvr_cluster *c)
     if (!c || c->closing)
         return;
     c->closing = 5; /* 1 + the four timers still to close */
+    if (c->resolving) {
+        c->resolving->c = NULL; /* its callback frees it alone */
+        uv_cancel((uv_req_t *)&c->resolving->req);
+        c->resolving = NULL;
+    }
     drop(&c->cmd);
     drop(&c->rd);
     uv_timer_t *timers[4] = {&c->reconnect_timer, &c->watchdog_timer, &c->flush_timer,

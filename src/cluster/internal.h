@@ -41,6 +41,8 @@ struct kvr_cluster {
     uv_timer_t reconnect_timer, watchdog_timer, flush_timer, load_timer;
     uint64_t backoff_ms;
     int was_up;
+    char addr[256];           /* the host's address (numeric) the connections go to */
+    struct resolve *resolving; /* a host name lookup in flight (uv_getaddrinfo), or NULL */
 
     /* log out */
     kvr_buf queue;            /* frames (cluster/entry.h) waiting for the next flush */
