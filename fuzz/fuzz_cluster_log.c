@@ -31,7 +31,7 @@ static void same(const kvr_entry *a, const kvr_entry *b)
     if (a->type != b->type || a->ts_ms != b->ts_ms || a->worker_len != b->worker_len ||
         memcmp(a->worker, b->worker, a->worker_len) || a->replica_len != b->replica_len ||
         memcmp(a->replica, b->replica, a->replica_len) || a->has_session != b->has_session ||
-        (a->has_session && memcmp(a->session, b->session, 16)))
+        (a->has_session && memcmp(a->session, b->session, 16)) || a->ttl_s != b->ttl_s)
         abort();
     if (a->type == KVR_ENTRY_TEACH) {
         if (a->route_len != b->route_len || memcmp(a->route, b->route, a->route_len) ||

@@ -55,6 +55,7 @@ static void on_apply(void *ud, const kvr_entry *e, uint64_t age_ms)
         .session = e->has_session ? e->session : NULL,
         .session_len = e->has_session ? sizeof(e->session) : 0,
         .age_ms = age_ms,
+        .ttl_ms = e->ttl_s * 1000,
         .keys = app->cluster_keys,
         .nkeys = e->nkeys,
         .block_bytes = e->block_bytes,
@@ -142,6 +143,7 @@ void kvr_app_cluster_taught(kvr_app *app, kvr_route *r, kvr_worker *w, const kvr
     if (k->session_len == sizeof(e.session)) {
         memcpy(e.session, k->session, sizeof(e.session));
         e.has_session = 1;
+        e.ttl_s = r->cfg.session_ttl_s;
     }
     kvr_cluster_append(app->cluster, &e);
     free(bytes);

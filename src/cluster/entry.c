@@ -102,6 +102,10 @@ int kvr_entry_decode(const char *const *f, const size_t *flen, size_t n, kvr_ent
                 return -1;
             out->keys = (const unsigned char *)v;
             out->nkeys = vl / 8;
+        } else if (is(k, kl, "ttl")) {
+            /* at most the --session-ttl bound (1e9 s): ms then fit any clock arithmetic */
+            if (decimal(v, vl, &out->ttl_s) < 0 || out->ttl_s > 1000000000u)
+                return -1;
         } else if (is(k, kl, "s")) {
             if (vl != 32)
                 return -1;
@@ -139,11 +143,14 @@ int kvr_entry_decode(const char *const *f, const size_t *flen, size_t n, kvr_ent
         out->nkeys = 0;
         out->block_bytes = 0;
         out->has_session = 0;
+        out->ttl_s = 0;
     } else {
         if (!name_ok(out->route_len))
             return -1;
         if (out->nkeys && !out->block_bytes)
             return -1;
+        if (!out->has_session)
+            out->ttl_s = 0;
     }
     return 0;
 }
@@ -172,14 +179,15 @@ int kvr_entry_encode(const kvr_entry *e, size_t max_keys, kvr_buf *out)
     size_t nkeys = e->nkeys < max_keys ? e->nkeys : max_keys;
     if (nkeys > KVR_ENTRY_MAX_KEYS)
         nkeys = KVR_ENTRY_MAX_KEYS;
-    char ts[24], bb[24], sess[33];
+    char ts[24], bb[24], sess[32];
     int tl = snprintf(ts, sizeof(ts), "%llu", (unsigned long long)e->ts_ms);
     int bl = snprintf(bb, sizeof(bb), "%zu", e->block_bytes);
     const char *type = e->type == KVR_ENTRY_TEACH ? "teach" : "forget";
     uint32_t nf = 10;
     int teach = e->type == KVR_ENTRY_TEACH;
     if (teach)
-        nf += 2 + (nkeys ? 4 : 0) + (e->has_session ? 2 : 0);
+        nf += 2 + (nkeys ? 4 : 0) + (e->has_session ? 2 : 0) +
+              (e->has_session && e->ttl_s ? 2 : 0);
     int rc = kvr_buf_append(out, &nf, sizeof(nf));
     rc |= put_field(out, "v", "1", 1);
     rc |= put_field(out, "t", type, strlen(type));
@@ -206,6 +214,11 @@ int kvr_entry_encode(const kvr_entry *e, size_t max_keys, kvr_buf *out)
                 sess[2 * i + 1] = hex[e->session[i] & 15];
             }
             rc |= put_field(out, "s", sess, 32);
+            if (e->ttl_s) {
+                char ttl[24];
+                int n = snprintf(ttl, sizeof(ttl), "%llu", (unsigned long long)e->ttl_s);
+                rc |= put_field(out, "ttl", ttl, (size_t)n);
+            }
         }
     }
     if (rc) {

@@ -17,6 +17,7 @@
  *        at most KVR_ENTRY_MAX_KEYS
  *   s    the session: 32 lowercase hex digits, the XXH3-128 digest of the session id (never
  *        the id itself; kvr_entry_session_digest), optional
+ *   ttl  with s: the writer's session TTL in seconds (--session-ttl), decimal, optional
  * Never prompt text, never a session id. */
 #ifndef KVR_CLUSTER_ENTRY_H
 #define KVR_CLUSTER_ENTRY_H
@@ -33,7 +34,7 @@
  *  refuses more. --redis-entry-max-blocks may lower what is written. */
 #define KVR_ENTRY_MAX_KEYS 65536u
 /** Most fields an encoded entry has (argv slots to reserve, XADD's own arguments aside). */
-#define KVR_ENTRY_MAX_FIELDS 18
+#define KVR_ENTRY_MAX_FIELDS 20
 
 /** Entry types (field `t`). */
 typedef enum kvr_entry_type {
@@ -58,6 +59,7 @@ typedef struct kvr_entry {
     size_t nkeys;
     int has_session;          /**< field s present */
     unsigned char session[16]; /**< its digest bytes */
+    uint64_t ttl_s;           /**< field ttl: the writer's session TTL (0 = not given) */
 } kvr_entry;
 
 /** Block key `i` (< e->nkeys) of `e`. */

@@ -57,6 +57,8 @@ typedef struct kvr_learned {
                                     16-byte digest, proxy/keys.h), NULL = none */
     size_t session_len;        /**< bytes */
     uint64_t age_ms;           /**< how long ago that request was answered (its last use) */
+    uint64_t ttl_ms;           /**< the teaching replica's session TTL (0 = unknown): the
+                                    binding is dropped when older than it or than our own */
     const uint64_t *keys;      /**< the routing text's block keys (prefix_index.h), in order */
     size_t nkeys;
     size_t block_bytes;        /**< the block size they were cut with (other sizes ignored) */

@@ -462,6 +462,8 @@ static void ca_learn(void *self, kvr_worker *w, const kvr_learned *l)
     uint64_t now = kvr_now_ms();
     sync_capacity(s, w);
     uint64_t ttl_ms = s->cfg.session_ttl_s * 1000;
+    if (l->ttl_ms && (!ttl_ms || l->ttl_ms < ttl_ms))
+        ttl_ms = l->ttl_ms;
     if (l->session && l->session_len && (!ttl_ms || l->age_ms < ttl_ms))
         kvr_session_map_bind(s->sessions, l->session, l->session_len, w->id,
                              now > l->age_ms ? now - l->age_ms : 0);

@@ -31,7 +31,8 @@ static void test_roundtrip(void **st)
         keys[i] = (unsigned char)(i * 37 + 1);
     kvr_entry e = {.type = KVR_ENTRY_TEACH, .replica = "r1", .replica_len = 2, .route = "m",
                    .route_len = 1, .worker = "http://w1", .worker_len = 9, .ts_ms = 1234567,
-                   .block_bytes = 64, .keys = keys, .nkeys = 3, .has_session = 1};
+                   .block_bytes = 64, .keys = keys, .nkeys = 3, .has_session = 1,
+                   .ttl_s = 3600};
     kvr_entry_session_digest("sess", 4, e.session);
     kvr_buf b;
     kvr_buf_init(&b, 0);
@@ -39,7 +40,7 @@ static void test_roundtrip(void **st)
     const char *argv[KVR_ENTRY_MAX_FIELDS];
     size_t lens[KVR_ENTRY_MAX_FIELDS];
     size_t n = frame_fields(&b, argv, lens);
-    assert_int_equal(n, 18);
+    assert_int_equal(n, 20);
     kvr_entry d;
     assert_int_equal(kvr_entry_decode(argv, lens, n, &d), 0);
     assert_int_equal(d.type, KVR_ENTRY_TEACH);
@@ -52,6 +53,7 @@ static void test_roundtrip(void **st)
         k0 = k0 << 8 | keys[i];
     assert_int_equal(kvr_entry_key(&d, 0), k0);
     assert_true(d.has_session);
+    assert_int_equal(d.ttl_s, 3600);
     assert_memory_equal(d.session, e.session, 16);
     assert_int_equal(d.worker_len, 9);
     assert_memory_equal(d.worker, "http://w1", 9);
@@ -123,6 +125,9 @@ static void test_decode_rules(void **st)
     const char *badsess[] = {"v", "1", "t", "teach", "r", "a", "m", "m", "w", "w", "ts", "7",
                              "s", "xyz"};
     assert_int_equal(dec(badsess, 14, &e), -1);
+    const char *bigttl[] = {"v", "1", "t", "teach", "r", "a", "m", "m", "w", "w", "ts", "7",
+                            "s", "00112233445566778899aabbccddeeff", "ttl", "99999999999"};
+    assert_int_equal(dec(bigttl, 16, &e), -1);
     const char *odd[] = {"v", "1", "t"};
     assert_int_equal(dec(odd, 3, &e), -1);
     char longname[300];
