@@ -33,7 +33,9 @@ static void same(const kvr_entry *a, const kvr_entry *b)
         memcmp(a->replica, b->replica, a->replica_len) || a->has_session != b->has_session ||
         (a->has_session && memcmp(a->session, b->session, 16)) || a->ttl_s != b->ttl_s)
         abort();
-    if (a->type == KVR_ENTRY_TEACH) {
+    if (a->keep_blocks != b->keep_blocks)
+        abort();
+    if (a->type == KVR_ENTRY_TEACH || a->type == KVR_ENTRY_CORRECT) {
         if (a->route_len != b->route_len || memcmp(a->route, b->route, a->route_len) ||
             a->nkeys != b->nkeys || (a->nkeys && memcmp(a->keys, b->keys, a->nkeys * 8)) ||
             (a->nkeys && a->block_bytes != b->block_bytes))

@@ -203,6 +203,11 @@ int kvr_app_cluster_start(kvr_app *app, char *err, size_t cap);
  *  routing log (block keys and session digest only). No-op without a cluster, or for a
  *  policy that learns nothing. */
 void kvr_app_cluster_taught(kvr_app *app, kvr_route *r, kvr_worker *w, const kvr_route_keys *k);
+/** The self-correcting index of route `r` found `w` without part of keys `k`'s text (it
+ *  reported `cached` of `prompt` tokens; kvr_route_correct returned 1): tells the other
+ *  replicas which block it lacked, so they drop what it used no later too. */
+void kvr_app_cluster_corrected(kvr_app *app, kvr_route *r, kvr_worker *w,
+                               const kvr_route_keys *k, int64_t cached, int64_t prompt);
 /** Worker `w` lost its cache (restart, long outage): tells the other replicas. */
 void kvr_app_cluster_forgot(kvr_app *app, kvr_worker *w);
 

@@ -59,6 +59,8 @@ static void on_apply(void *ud, const kvr_entry *e, uint64_t age_ms)
         .keys = app->cluster_keys,
         .nkeys = e->nkeys,
         .block_bytes = e->block_bytes,
+        .correct = e->type == KVR_ENTRY_CORRECT,
+        .keep_blocks = (size_t)e->keep_blocks,
     };
     kvr_route_learn(r, w, &l);
 }
@@ -147,6 +149,42 @@ void kvr_app_cluster_taught(kvr_app *app, kvr_route *r, kvr_worker *w, const kvr
     }
     kvr_cluster_append(app->cluster, &e);
     free(bytes);
+}
+
+void kvr_app_cluster_corrected(kvr_app *app, kvr_route *r, kvr_worker *w,
+                               const kvr_route_keys *k, int64_t cached, int64_t prompt)
+{
+    if (!app->cluster || !r->ops->learn || w->removed || !k->text_len || prompt <= 0 ||
+        cached < 0)
+        return;
+    /* The block the worker was found without, and the cap's floor, as cache_aware's
+     * correction computes them (routing/policy_cache_aware.h). */
+    size_t bb = r->cfg.block_bytes;
+    double ratio = cached < prompt ? (double)cached / (double)prompt : 1.0;
+    size_t first_missing = (size_t)(ratio * (double)k->text_len) / bb;
+    size_t nblocks = (k->text_len + bb - 1) / bb;
+    if (first_missing >= nblocks || first_missing >= app->cfg.cluster.entry_max_blocks)
+        return;
+    uint64_t *keys = malloc((first_missing + 1) * sizeof(*keys));
+    if (!keys)
+        return;
+    kvr_prefix_index_block_keys(bb, k->text, k->text_len, keys, first_missing + 1);
+    unsigned char key8[8];
+    for (int b = 0; b < 8; b++)
+        key8[b] = (unsigned char)(keys[first_missing] >> (8 * b));
+    free(keys);
+    kvr_entry e = {
+        .type = KVR_ENTRY_CORRECT,
+        .route = r->name,
+        .route_len = strlen(r->name),
+        .worker = w->name,
+        .worker_len = strlen(w->name),
+        .block_bytes = bb,
+        .keys = key8,
+        .nkeys = 1,
+        .keep_blocks = 2 * nblocks,
+    };
+    kvr_cluster_append(app->cluster, &e);
 }
 
 void kvr_app_cluster_forgot(kvr_app *app, kvr_worker *w)

@@ -106,6 +106,9 @@ int kvr_entry_decode(const char *const *f, const size_t *flen, size_t n, kvr_ent
             /* at most the --session-ttl bound (1e9 s): ms then fit any clock arithmetic */
             if (decimal(v, vl, &out->ttl_s) < 0 || out->ttl_s > 1000000000u)
                 return -1;
+        } else if (is(k, kl, "keep")) {
+            if (decimal(v, vl, &out->keep_blocks) < 0 || out->keep_blocks > (1u << 30))
+                return -1;
         } else if (is(k, kl, "s")) {
             if (vl != 32)
                 return -1;
@@ -131,6 +134,8 @@ int kvr_entry_decode(const char *const *f, const size_t *flen, size_t n, kvr_ent
         out->type = KVR_ENTRY_TEACH;
     else if (is(type, typelen, "forget"))
         out->type = KVR_ENTRY_FORGET;
+    else if (is(type, typelen, "correct"))
+        out->type = KVR_ENTRY_CORRECT;
     else
         return 1;
     if (!name_ok(out->replica_len) || !name_ok(out->worker_len) || !have_ts)
@@ -144,6 +149,13 @@ int kvr_entry_decode(const char *const *f, const size_t *flen, size_t n, kvr_ent
         out->block_bytes = 0;
         out->has_session = 0;
         out->ttl_s = 0;
+        out->keep_blocks = 0;
+    } else if (out->type == KVR_ENTRY_CORRECT) {
+        /* One key, the block found missing; no session. */
+        if (!name_ok(out->route_len) || out->nkeys != 1 || !out->block_bytes)
+            return -1;
+        out->has_session = 0;
+        out->ttl_s = 0;
     } else {
         if (!name_ok(out->route_len))
             return -1;
@@ -151,6 +163,7 @@ int kvr_entry_decode(const char *const *f, const size_t *flen, size_t n, kvr_ent
             return -1;
         if (!out->has_session)
             out->ttl_s = 0;
+        out->keep_blocks = 0;
     }
     return 0;
 }
@@ -172,54 +185,60 @@ static int put_field(kvr_buf *b, const char *name, const void *p, size_t n)
 
 int kvr_entry_encode(const kvr_entry *e, size_t max_keys, kvr_buf *out)
 {
+    int teach = e->type == KVR_ENTRY_TEACH, correct = e->type == KVR_ENTRY_CORRECT;
     if (!name_ok(e->replica_len) || !name_ok(e->worker_len) ||
-        (e->type == KVR_ENTRY_TEACH && !name_ok(e->route_len)))
+        ((teach || correct) && !name_ok(e->route_len)) ||
+        (correct && (e->nkeys < 1 || !e->block_bytes)))
         return -1;
     size_t start = out->len;
-    size_t nkeys = e->nkeys < max_keys ? e->nkeys : max_keys;
+    size_t nkeys = correct ? 1 : e->nkeys < max_keys ? e->nkeys : max_keys;
     if (nkeys > KVR_ENTRY_MAX_KEYS)
         nkeys = KVR_ENTRY_MAX_KEYS;
-    char ts[24], bb[24], sess[32];
+    if (nkeys && !e->block_bytes)
+        nkeys = 0; /* keys without their block size mean nothing */
+    char ts[24], bb[24], num[24], sess[32];
     int tl = snprintf(ts, sizeof(ts), "%llu", (unsigned long long)e->ts_ms);
     int bl = snprintf(bb, sizeof(bb), "%zu", e->block_bytes);
-    const char *type = e->type == KVR_ENTRY_TEACH ? "teach" : "forget";
+    const char *type = teach ? "teach" : correct ? "correct" : "forget";
+    int sessioned = teach && e->has_session;
     uint32_t nf = 10;
-    int teach = e->type == KVR_ENTRY_TEACH;
-    if (teach)
-        nf += 2 + (nkeys ? 4 : 0) + (e->has_session ? 2 : 0) +
-              (e->has_session && e->ttl_s ? 2 : 0);
+    if (teach || correct)
+        nf += 2 + (nkeys ? 4 : 0);
+    if (sessioned)
+        nf += 2 + (e->ttl_s ? 2 : 0);
+    if (correct)
+        nf += 2;
     int rc = kvr_buf_append(out, &nf, sizeof(nf));
     rc |= put_field(out, "v", "1", 1);
     rc |= put_field(out, "t", type, strlen(type));
     rc |= put_field(out, "r", e->replica, e->replica_len);
     rc |= put_field(out, "w", e->worker, e->worker_len);
     rc |= put_field(out, "ts", ts, (size_t)tl);
-    if (teach) {
+    if (teach || correct) {
         rc |= put_field(out, "m", e->route, e->route_len);
         if (nkeys) {
             rc |= put_field(out, "bb", bb, (size_t)bl);
             rc |= put_str(out, "b", 1);
             uint32_t l = (uint32_t)(nkeys * 8);
             rc |= kvr_buf_append(out, &l, sizeof(l));
-            for (size_t i = 0; i < nkeys && !rc; i++) {
-                unsigned char k8[8];
-                memcpy(k8, e->keys + i * 8, 8);
-                rc |= kvr_buf_append(out, k8, 8);
-            }
+            rc |= kvr_buf_append(out, e->keys, nkeys * 8);
         }
-        if (e->has_session) {
-            static const char hex[] = "0123456789abcdef";
-            for (int i = 0; i < 16; i++) {
-                sess[2 * i] = hex[e->session[i] >> 4];
-                sess[2 * i + 1] = hex[e->session[i] & 15];
-            }
-            rc |= put_field(out, "s", sess, 32);
-            if (e->ttl_s) {
-                char ttl[24];
-                int n = snprintf(ttl, sizeof(ttl), "%llu", (unsigned long long)e->ttl_s);
-                rc |= put_field(out, "ttl", ttl, (size_t)n);
-            }
+    }
+    if (sessioned) {
+        static const char hex[] = "0123456789abcdef";
+        for (int i = 0; i < 16; i++) {
+            sess[2 * i] = hex[e->session[i] >> 4];
+            sess[2 * i + 1] = hex[e->session[i] & 15];
         }
+        rc |= put_field(out, "s", sess, 32);
+        if (e->ttl_s) {
+            int n = snprintf(num, sizeof(num), "%llu", (unsigned long long)e->ttl_s);
+            rc |= put_field(out, "ttl", num, (size_t)n);
+        }
+    }
+    if (correct) {
+        int n = snprintf(num, sizeof(num), "%llu", (unsigned long long)e->keep_blocks);
+        rc |= put_field(out, "keep", num, (size_t)n);
     }
     if (rc) {
         out->len = start;

@@ -8,7 +8,9 @@
  *   v    "1"
  *   r    the writing replica's id (--replica-id), 1..255 bytes
  *   t    "teach" (a prefix taught to a worker, and the session bound there),
- *        "forget" (the worker lost its cache: everything learned about it goes)
+ *        "forget" (the worker lost its cache: everything learned about it goes),
+ *        "correct" (the self-correcting index found the worker without the block b names,
+ *        the one key of b: it lost what it used no later; keep = the cap's floor)
  *   m    the route (its public model name), 1..255 bytes; absent for "forget"
  *   w    the worker's name (config `name`, which defaults to its URL), 1..255 bytes
  *   ts   when it was learned: wall-clock milliseconds since the Unix epoch, decimal
@@ -18,6 +20,7 @@
  *   s    the session: 32 lowercase hex digits, the XXH3-128 digest of the session id (never
  *        the id itself; kvr_entry_session_digest), optional
  *   ttl  with s: the writer's session TTL in seconds (--session-ttl), decimal, optional
+ *   keep "correct": the blocks the worker's cap keeps at least, decimal
  * Never prompt text, never a session id. */
 #ifndef KVR_CLUSTER_ENTRY_H
 #define KVR_CLUSTER_ENTRY_H
@@ -40,6 +43,7 @@
 typedef enum kvr_entry_type {
     KVR_ENTRY_TEACH = 1, /**< "teach" */
     KVR_ENTRY_FORGET,    /**< "forget" */
+    KVR_ENTRY_CORRECT,   /**< "correct" */
 } kvr_entry_type;
 
 /** One decoded (or to be encoded) entry. Strings are byte ranges (not NUL-terminated),
@@ -60,6 +64,7 @@ typedef struct kvr_entry {
     int has_session;          /**< field s present */
     unsigned char session[16]; /**< its digest bytes */
     uint64_t ttl_s;           /**< field ttl: the writer's session TTL (0 = not given) */
+    uint64_t keep_blocks;     /**< field keep (correct) */
 } kvr_entry;
 
 /** Block key `i` (< e->nkeys) of `e`. */

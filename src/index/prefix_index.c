@@ -1232,6 +1232,36 @@ long kvr_prefix_index_correct(kvr_prefix_index *ix, size_t worker, const kvr_pre
     return dropped;
 }
 
+long kvr_prefix_index_correct_key(kvr_prefix_index *ix, size_t worker, uint64_t key,
+                                  size_t keep_blocks)
+{
+    long wl = worker_find(ix, worker);
+    uint32_t threshold;
+    if (wl < 0 || !stamp_of(ix, (uint32_t)wl, fp_of(key), &threshold))
+        return -1;
+    wrec *w = &ix->w[wl];
+    long dropped = 0;
+    while (w->tail != NIL) {
+        uint32_t t = w->tail;
+        if (!stamp_le(ix->sh[t >> LOCAL_BITS].st[t & LOCAL_MASK], threshold))
+            break;
+        lru_unlink(ix, w, t);
+        w->count--;
+        if (table_remove(ix, t))
+            ix->keys--;
+        dropped++;
+    }
+    ix->corrected += (uint64_t)dropped;
+    size_t floor = w->count > keep_blocks ? w->count : keep_blocks;
+    if (!floor)
+        floor = 1;
+    if (floor < eff_cap(ix, w)) {
+        w->learned = floor;
+        update_need(ix);
+    }
+    return dropped;
+}
+
 void kvr_prefix_index_raise_capacity(kvr_prefix_index *ix, size_t worker, size_t blocks)
 {
     long wl = worker_find(ix, worker);

@@ -126,6 +126,14 @@ void kvr_prefix_index_match_use(kvr_prefix_index *ix, size_t worker, size_t matc
 long kvr_prefix_index_correct(kvr_prefix_index *ix, size_t worker, const kvr_prefix_use *use,
                               size_t block, size_t keep_blocks);
 
+/** Another replica's correction (cluster/cluster.h): `worker` turned out not to hold the block
+ *  whose key is `key`. As kvr_prefix_index_correct with this index's own use stamp of that
+ *  holding: drops the worker's holdings used no later than it (the block included), then
+ *  lowers its cap to what is left, never below `keep_blocks` (at least 1). Returns the
+ *  holdings dropped, or -1 when the worker does not hold `key` here (nothing changes). */
+long kvr_prefix_index_correct_key(kvr_prefix_index *ix, size_t worker, uint64_t key,
+                                  size_t keep_blocks);
+
 /** `worker` held `blocks` more than the index predicted: lifts a cap lowered by corrections by
  *  that much, back to its uncorrected value at most (no effect when none was lowered). */
 void kvr_prefix_index_raise_capacity(kvr_prefix_index *ix, size_t worker, size_t blocks);

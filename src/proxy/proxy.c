@@ -348,6 +348,10 @@ static void correct_index(preq *p, size_t prompt_len)
     int fixed = kvr_route_correct(p->route, p->w, &k, &p->pick, p->usage.cached,
                                   p->usage.prompt);
     kvr_metric_inc(p->app->m.index_corrections, lw, fixed);
+    if (fixed) { /* the others drop what it lost, then learn the prompt again, as here */
+        kvr_app_cluster_corrected(p->app, p->route, p->w, &k, p->usage.cached, p->usage.prompt);
+        kvr_app_cluster_taught(p->app, p->route, p->w, &k);
+    }
 }
 
 /* The worker now also holds its own reply (engines cache generated tokens too): teach the

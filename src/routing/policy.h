@@ -62,6 +62,10 @@ typedef struct kvr_learned {
     const uint64_t *keys;      /**< the routing text's block keys (prefix_index.h), in order */
     size_t nkeys;
     size_t block_bytes;        /**< the block size they were cut with (other sizes ignored) */
+    int correct;               /**< 1: not a teaching but a correction: the worker lost the
+                                    block keys[0] (and, an LRU cache, what it used no later);
+                                    its cap drops to what is left, not below keep_blocks */
+    size_t keep_blocks;
 } kvr_learned;
 
 /** Tunables shared by the policies (flags). */

@@ -461,6 +461,11 @@ static void ca_learn(void *self, kvr_worker *w, const kvr_learned *l)
     ca_state *s = self;
     uint64_t now = kvr_now_ms();
     sync_capacity(s, w);
+    if (l->correct) {
+        if (l->nkeys && l->block_bytes == s->cfg.block_bytes)
+            kvr_prefix_index_correct_key(s->index, w->id, l->keys[0], l->keep_blocks);
+        return;
+    }
     uint64_t ttl_ms = s->cfg.session_ttl_s * 1000;
     if (l->ttl_ms && (!ttl_ms || l->ttl_ms < ttl_ms))
         ttl_ms = l->ttl_ms;

@@ -426,3 +426,46 @@ def test_three_replicas_sharing_redis_keep_the_cache_aware_gain(tmp_path):
     assert all(p["errors"] == 0 for p in (one["cache_aware"], shared["cache_aware"],
                                           alone["cache_aware"])), record
     assert gain_shared >= 0.9 * gain1, record
+
+
+def test_a_correction_through_a_reaches_b(procs, tmp_path, sim_factory, kvroute):
+    """A worker that evicted a conversation is found out by A (it reports fewer cached tokens
+    than predicted): B applies the same correction (drops what W1 lost, lowers its cap)."""
+    redis = Redis(procs, tmp_path)
+    w1 = sim_factory("--time-scale", "0", "--kv-blocks", "96")
+    w2 = sim_factory("--time-scale", "0")
+    # both believe W1 holds far more than it does (its cache is 96 blocks): A finds out
+    over = ["--teach-completion-max-bytes", "0", "--worker-index-blocks", "100000"]
+    a = replica(kvroute, [w1], redis, "a", extra=over)
+    b = replica(kvroute, [w1, w2], redis, "b", extra=over)
+    admin_b = "http://127.0.0.1:%s" % b.argv[b.argv.index("--admin-port") + 1]
+
+    def match_on_w1(msgs):
+        r = httpx.post(admin_b + "/debug/route", json={"model": SIM_MODEL, "messages": msgs},
+                       timeout=5.0, verify=SSL_CTX)
+        assert r.status_code == 200, r.text
+        return {x["url"]: x["match"] for x in r.json()["workers"]}[w1.url]
+
+    def unique(i):
+        return [{"role": "user", "content": " ".join("c%d-%d" % (i, j) for j in range(150))}]
+
+    x = unique(1)
+    chat(a, x)
+    wait_until(lambda: match_on_w1(x) == 1.0, 5.0, what="B learned X on W1")
+    # other long conversations through A push X out of W1's small cache
+    for i in range(2, 12):
+        chat(a, unique(i))
+    before = metric(a, "kvroute_index_corrections_total")
+    r = chat(a, x)  # W1 reports less cached than A predicted: A corrects and tells B
+    m = a.metrics()
+    assert m.get("kvroute_index_corrections_total") > before, (
+        r.headers, r.json().get("usage"), m.find("kvroute_index_corrections_total"))
+
+    def capacity_on_w1():
+        ws = httpx.get(admin_b + "/workers", timeout=5.0, verify=SSL_CTX).json()["workers"]
+        return {w["url"]: w["index_capacity"] for w in ws}[w1.url]
+
+    # B applied the same correction: W1's cap came down from the flag's 100000 to what is
+    # left (A's and B's indexes agree again), and X, which W1 has just cached, is taught again
+    wait_until(lambda: capacity_on_w1() < 100000, 5.0, what="B lowered W1's capacity")
+    assert match_on_w1(x) == 1.0

@@ -78,6 +78,21 @@ static void test_roundtrip(void **st)
     assert_int_equal(d.nkeys, 0);
     assert_false(d.has_session);
 
+    /* correct: one key and the cap's floor */
+    kvr_entry cx = {.type = KVR_ENTRY_CORRECT, .replica = "r1", .replica_len = 2, .route = "m",
+                    .route_len = 1, .worker = "w", .worker_len = 1, .ts_ms = 9,
+                    .block_bytes = 64, .keys = keys, .nkeys = 3, .keep_blocks = 42};
+    kvr_buf_reset(&b);
+    assert_int_equal(kvr_entry_encode(&cx, 100, &b), 0);
+    n = frame_fields(&b, argv, lens);
+    assert_int_equal(kvr_entry_decode(argv, lens, n, &d), 0);
+    assert_int_equal(d.type, KVR_ENTRY_CORRECT);
+    assert_int_equal(d.nkeys, 1);
+    assert_int_equal(d.keep_blocks, 42);
+    assert_int_equal(kvr_entry_key(&d, 0), k0);
+    cx.block_bytes = 0;
+    assert_int_equal(kvr_entry_encode(&cx, 100, &b), -1);
+
     /* an empty worker name is refused, the buffer left as it was */
     size_t len = b.len;
     f.worker_len = 0;
@@ -207,6 +222,37 @@ static void test_insert_keys_matches_like_text(void **st)
     kvr_prefix_index_destroy(b);
 }
 
+/* A remote correction drops, on this index, what the worker used no later than the block
+ * found missing (by this index's own stamps), and lowers its cap, never below the floor. */
+static void test_correct_key(void **st)
+{
+    (void)st;
+    kvr_prefix_index_cfg cfg = {.block_bytes = 8, .max_blocks = 1000};
+    kvr_prefix_index *ix = kvr_prefix_index_create(&cfg);
+    const char *old = "old-old-old-old-", *mid = "mid-mid-mid-mid-", *new = "new-new-new-new-";
+    kvr_prefix_index_insert(ix, 1, old, 16);
+    kvr_prefix_index_insert(ix, 1, mid, 16);
+    kvr_prefix_index_insert(ix, 1, new, 16);
+    kvr_prefix_index_insert(ix, 2, mid, 16);
+    assert_int_equal(kvr_prefix_index_worker_blocks(ix, 1), 6);
+    uint64_t keys[2];
+    kvr_prefix_index_block_keys(8, mid, 16, keys, 2);
+    /* worker 1 lacks mid's second block: old and mid go, new stays; cap floor 2 */
+    assert_int_equal(kvr_prefix_index_correct_key(ix, 1, keys[1], 2), 4);
+    assert_int_equal(kvr_prefix_index_worker_blocks(ix, 1), 2);
+    assert_int_equal(kvr_prefix_index_worker_capacity(ix, 1), 2);
+    size_t ids[2] = {1, 2}, m[2];
+    kvr_prefix_index_match(ix, new, 16, ids, 2, m);
+    assert_int_equal(m[0], 16);
+    kvr_prefix_index_match(ix, mid, 16, ids, 2, m);
+    assert_int_equal(m[0], 0);
+    assert_int_equal(m[1], 16); /* another worker's holdings are untouched */
+    /* a key the worker does not hold changes nothing */
+    assert_int_equal(kvr_prefix_index_correct_key(ix, 1, keys[1], 2), -1);
+    assert_int_equal(kvr_prefix_index_correct_key(ix, 7, keys[1], 2), -1);
+    kvr_prefix_index_destroy(ix);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -215,6 +261,7 @@ int main(void)
         cmocka_unit_test(test_session_digest_is_stable),
         cmocka_unit_test(test_urls),
         cmocka_unit_test(test_insert_keys_matches_like_text),
+        cmocka_unit_test(test_correct_key),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
