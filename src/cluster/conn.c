@@ -154,12 +154,12 @@ void kvr_cluster_fail(kvr_cluster *c, const char *op)
 {
     if (op)
         kvr_cluster_error(c, op);
-    int had = c->cmd.ac || c->rd.ac;
     c->load_pending = 0; /* its reply, if any, is discarded with the connection */
     drop(&c->cmd);
     drop(&c->rd);
     set_up(c, 0);
-    if (had && !uv_is_active((uv_handle_t *)&c->reconnect_timer))
+    /* Once per failure: the first of its callbacks schedules the next attempt. */
+    if (!c->resolving && !uv_is_active((uv_handle_t *)&c->reconnect_timer))
         schedule_reconnect(c);
 }
 
