@@ -27,7 +27,8 @@ LONG = ("You are a careful airline agent. Follow the policy exactly, check the r
 class Redis:
     """A redis-server on 127.0.0.1:port, no persistence; stopped by pid at teardown."""
 
-    def __init__(self, procs, tmp_path, port=None):
+    def __init__(self, procs, tmp_path, port=None, extra=()):
+        self.extra = extra
         if not Path(REDIS_BIN).exists():
             pytest.skip("redis-server not installed (scripts/install-deps.sh)")
         self.procs, self.tmp_path = procs, tmp_path
@@ -37,7 +38,7 @@ class Redis:
 
     def start(self):
         argv = [REDIS_BIN, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                "--appendonly", "no"]
+                "--appendonly", "no"] + list(self.extra)
         self.proc = Proc(argv, Path(self.tmp_path) / ("redis-%d.stderr" % len(self.procs.procs)))
         self.procs.procs.append(self.proc)
         wait_until(self.ping, 5.0, what="redis-server answering PING")
@@ -46,7 +47,7 @@ class Redis:
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
                 s.sendall(b"PING\r\n")
-                return s.recv(64).startswith(b"+PONG")
+                return s.recv(64)[:1] in (b"+", b"-")  # PONG, or NOAUTH: it answers
         except OSError:
             return False
 
@@ -469,3 +470,39 @@ def test_a_correction_through_a_reaches_b(procs, tmp_path, sim_factory, kvroute)
     # left (A's and B's indexes agree again), and X, which W1 has just cached, is taught again
     wait_until(lambda: capacity_on_w1() < 100000, 5.0, what="B lowered W1's capacity")
     assert match_on_w1(x) == 1.0
+
+
+def test_password_file_and_db(procs, tmp_path, sim_factory, kvroute):
+    """A Redis with a password: the password file's first line authenticates, in the URL's
+    db; a wrong one keeps kvroute_redis_up at 0 (counted as auth), and routing goes on."""
+    redis = Redis(procs, tmp_path, extra=("--requirepass", "s3cret"))
+    good, bad = Path(tmp_path) / "pw", Path(tmp_path) / "bad"
+    good.write_text("s3cret\n")
+    bad.write_text("nope\n")
+    sims = four_sims(sim_factory)[:2]
+    url = redis.url + "/5"
+    a = kvroute(sims, model=SIM_MODEL, policy="cache_aware",
+                extra=["--redis", url, "--redis-password-file", good, "--replica-id", "a"])
+    b = kvroute(sims, model=SIM_MODEL, policy="cache_aware",
+                extra=["--redis", url, "--redis-password-file", bad, "--replica-id", "b",
+                       "--redis-warm-timeout-ms", "500"])
+    wait_until(lambda: metric(a, "kvroute_redis_up") == 1, 5.0, what="A authenticated")
+    r = chat(a, first_turn(1), session="pw-1")
+    wait_until(lambda: out_count(a) >= 2, 5.0, what="A wrote to the log")
+    wait_until(lambda: metric(b, "kvroute_redis_errors_total", op="auth") >= 1, 5.0,
+               what="B refused")
+    assert metric(b, "kvroute_redis_up") == 0
+    wait_ready(b)
+    assert chat(b, first_turn(2)).status_code == 200  # B routes alone
+    # the log is in db 5, and no key holds the session id or the text
+    with socket.create_connection(("127.0.0.1", redis.port), timeout=2.0) as s:
+        s.sendall(b"AUTH s3cret\r\nSELECT 5\r\nXLEN kvroute:log\r\nSELECT 0\r\nDBSIZE\r\n"
+                  b"SELECT 5\r\nXRANGE kvroute:log - +\r\n")
+        time.sleep(0.3)
+        data = s.recv(1 << 20)
+    lines = data.split(b"\r\n")
+    assert lines[0] == b"+OK" and lines[1] == b"+OK"
+    assert int(lines[2][1:]) >= 2  # XLEN in db 5
+    assert lines[4] == b":0"  # db 0 is empty
+    assert b"pw-1" not in data and b"reservation code" not in data
+    assert r.headers["x-kvroute-worker"]
