@@ -506,3 +506,43 @@ def test_password_file_and_db(procs, tmp_path, sim_factory, kvroute):
     assert lines[4] == b":0"  # db 0 is empty
     assert b"pw-1" not in data and b"reservation code" not in data
     assert r.headers["x-kvroute-worker"]
+
+
+def test_precise_late_replica_warms_from_the_log(procs, tmp_path, sim_factory, kvroute):
+    """precise: the workers keep only their last 2 event batches for replay, so a replica
+    started late never hears of the blocks stored before (its replay is partial); the log's
+    warm start tells it, and its first request goes where the old replica sent the
+    conversation."""
+    redis = Redis(procs, tmp_path)
+    sims = []
+    for _ in range(4):
+        pub, rep = free_port(), free_port()
+        s = sim_factory("--time-scale", "0", "--kv-events-bind", "bind",
+                        "--kv-events-endpoint", "tcp://127.0.0.1:%d" % pub,
+                        "--kv-events-replay-endpoint", "tcp://127.0.0.1:%d" % rep,
+                        "--kv-events-buffer-steps", "2")
+        s.pub, s.rep = pub, rep
+        sims.append(s)
+    ev = []
+    for s in sims:
+        ev += ["--kv-events", "%s=tcp://127.0.0.1:%d,tcp://127.0.0.1:%d" % (s.url, s.pub, s.rep)]
+
+    def states(kv):
+        return [v for _, v in kv.metrics().find("kvroute_kv_events_state")]
+
+    a = replica(kvroute, sims, redis, "a", policy="precise", extra=ev)
+    wait_until(lambda: states(a) == [0, 0, 0, 0], 15.0, what="A's workers exact")
+    convs = []
+    for i in range(12):
+        msgs = first_turn(i)
+        r = chat(a, msgs)
+        convs.append((msgs, reply_text(r), r.headers["x-kvroute-worker"]))
+    assert len({w for _, _, w in convs}) >= 2
+    wait_until(lambda: out_count(a) >= 24, 5.0, what="A wrote its entries")
+    c = replica(kvroute, sims, redis, "c", policy="precise", extra=ev)
+    wait_ready(c)
+    wait_until(lambda: states(c) == [0, 0, 0, 0], 15.0, what="C's workers exact")
+    msgs, reply, worker = convs[5]
+    r = chat(c, next_turn(msgs, reply))
+    assert r.headers["x-kvroute-worker"] == worker, r.headers
+    assert float(r.headers["x-kvroute-match"]) >= 0.9, r.headers
