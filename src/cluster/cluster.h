@@ -55,6 +55,8 @@ typedef struct kvr_cluster_cfg {
                                        Redis down (1000) */
     size_t queue_max;             /**< --redis-queue-max: entries waiting while Redis is away
                                        (100000); more are dropped and counted */
+    size_t queue_max_bytes;       /**< --redis-queue-max-bytes: and at most this many bytes of
+                                       them (64 MiB) */
     size_t entry_max_blocks;      /**< --redis-entry-max-blocks: block keys per entry (8192) */
     size_t read_count;            /**< entries per XRANGE/XREAD reply (512; not a flag) */
 } kvr_cluster_cfg;
@@ -99,7 +101,8 @@ void kvr_cluster_close(kvr_cluster *c);
 const char *kvr_cluster_replica_id(const kvr_cluster *c);
 
 /** Queues an entry (its replica, ts are filled here) for the next flush. Never blocks, never
- *  fails the caller: a full queue drops it (kvroute_redis_errors_total{op="queue"}). */
+ *  fails the caller: a full queue (--redis-queue-max entries or --redis-queue-max-bytes)
+ *  drops it (kvroute_redis_errors_total{op="queue"}). */
 void kvr_cluster_append(kvr_cluster *c, kvr_entry *e);
 
 /** 1 once the warm start is over (replayed, or timed out); 0 before. */

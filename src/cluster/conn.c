@@ -40,6 +40,7 @@ void kvr_cluster_cfg_default(kvr_cluster_cfg *c)
         .timeout_ms = 5,
         .stall_ms = 1000,
         .queue_max = 100000,
+        .queue_max_bytes = 64u << 20,
         .entry_max_blocks = 8192,
         .read_count = 512,
     };

@@ -20,7 +20,8 @@ void kvr_cluster_append(kvr_cluster *c, kvr_entry *e)
     e->replica_len = strlen(c->replica);
     if (!e->ts_ms)
         e->ts_ms = kvr_cluster_wall_ms();
-    if (c->queued >= c->cfg.queue_max) {
+    if (c->queued >= c->cfg.queue_max ||
+        c->queue.len + 160 + e->nkeys * 8 > c->cfg.queue_max_bytes) {
         kvr_cluster_error(c, "queue");
         return;
     }

@@ -237,6 +237,8 @@ static const kvr_flag flags[] = {
        "a Redis command unanswered this long marks Redis down (reconnect)"),
     FL("redis-queue-max", SIZE, cluster.queue_max, 1, 1e9,
        "routing-log entries held while Redis is away (more are dropped and counted)"),
+    FL("redis-queue-max-bytes", SIZE, cluster.queue_max_bytes, 4096, 1e12,
+       "bytes of routing-log entries held while Redis is away (more are dropped and counted)"),
     FL("redis-entry-max-blocks", SIZE, cluster.entry_max_blocks, 1, 65536,
        "block keys one routing-log entry carries (longer texts: their first blocks)"),
 };

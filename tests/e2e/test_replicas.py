@@ -546,3 +546,28 @@ def test_precise_late_replica_warms_from_the_log(procs, tmp_path, sim_factory, k
     r = chat(c, next_turn(msgs, reply))
     assert r.headers["x-kvroute-worker"] == worker, r.headers
     assert float(r.headers["x-kvroute-match"]) >= 0.9, r.headers
+
+
+def test_entries_wait_for_redis_within_the_queue_bound(procs, tmp_path, sim_factory, kvroute):
+    """Redis away: entries queue up to --redis-queue-max (the rest are dropped and counted);
+    when Redis answers they are written and another replica learns them."""
+    port = free_port()
+    sims = four_sims(sim_factory)[:2]
+    a = kvroute(sims, model=SIM_MODEL, policy="cache_aware",
+                extra=["--redis", "redis://127.0.0.1:%d" % port, "--replica-id", "a",
+                       "--redis-queue-max", "4", "--redis-warm-timeout-ms", "0"])
+    convs = []
+    for i in range(5):  # two entries each (prompt, then prompt + reply)
+        msgs = first_turn(i)
+        r = chat(a, msgs)
+        convs.append((msgs, reply_text(r), r.headers["x-kvroute-worker"]))
+    assert metric(a, "kvroute_redis_errors_total", op="queue") == 6
+    redis = Redis(procs, tmp_path, port=port)
+    wait_until(lambda: out_count(a) == 4, 5.0, what="the 4 queued entries written")
+    b = replica(kvroute, sims, redis, "b")
+    wait_ready(b)
+    assert metric(b, "kvroute_redis_log_entries_total", direction="in") == 4
+    msgs, reply, worker = convs[1]  # entries 3 and 4: conversation 1 with its reply
+    r = chat(b, next_turn(msgs, reply))
+    assert r.headers["x-kvroute-worker"] == worker
+    assert float(r.headers["x-kvroute-match"]) >= 0.9
