@@ -48,6 +48,9 @@ typedef struct kvr_cluster_cfg {
                                        start (1000000) */
     uint64_t warm_timeout_ms;     /**< --redis-warm-timeout-ms: readiness waits no longer for
                                        the replay (10000) */
+    uint64_t warm_hold_ms;        /**< --redis-warm-hold-ms: a request arriving while the warm
+                                       start runs waits for it at most this long (1000; 0 =
+                                       never waits) */
     uint64_t load_interval_ms;    /**< --redis-load-interval-ms (200) */
     uint64_t timeout_ms;          /**< --redis-timeout-ms: the rate-limit round trip's bound
                                        (5) */
@@ -94,7 +97,8 @@ int kvr_cluster_check(const kvr_cluster_cfg *cfg, char *err, size_t cap);
  *  Returns NULL with a reason in `err` on a bad configuration (kvr_cluster_check). */
 kvr_cluster *kvr_cluster_new(uv_loop_t *loop, const kvr_cluster_cfg *cfg, kvr_metrics *metrics,
                              const kvr_cluster_hooks *hooks, char *err, size_t cap);
-/** Disconnects and frees (handles close on the loop). NULL is fine. */
+/** Disconnects and frees (handles close on the loop). NULL is fine. Call it once no request
+ *  waits on it (kvr_cluster_wait_warm, kvr_cluster_rate). */
 void kvr_cluster_close(kvr_cluster *c);
 
 /** The replica id in use. */
@@ -104,6 +108,17 @@ const char *kvr_cluster_replica_id(const kvr_cluster *c);
  *  fails the caller: a full queue (--redis-queue-max entries or --redis-queue-max-bytes)
  *  drops it (kvroute_redis_errors_total{op="queue"}). */
 void kvr_cluster_append(kvr_cluster *c, kvr_entry *e);
+
+/** 1 while a request arriving now should wait for the warm start: it is under way (from the
+ *  first connection attempt until the replay ended), no Redis failure was seen meanwhile, and
+ *  --redis-warm-hold-ms is not 0. NULL is fine (0). */
+int kvr_cluster_holding(const kvr_cluster *c);
+/** Waits for the warm start: `cb(ud)` runs exactly once, on a later loop turn, when it ends,
+ *  fails, or --redis-warm-hold-ms passed (at once, on the next turn, when nothing is held).
+ *  Returns the wait to cancel (then `cb` never runs), or NULL when memory ran out (go on). */
+typedef struct kvr_cluster_wait kvr_cluster_wait;
+kvr_cluster_wait *kvr_cluster_wait_warm(kvr_cluster *c, void (*cb)(void *ud), void *ud);
+void kvr_cluster_wait_cancel(kvr_cluster_wait *w);
 
 /** 1 once the warm start is over (replayed, or timed out); 0 before. */
 int kvr_cluster_warm(const kvr_cluster *c);

@@ -36,6 +36,7 @@ void kvr_cluster_cfg_default(kvr_cluster_cfg *c)
         .flush_ms = 2,
         .warm_max_entries = 1000000,
         .warm_timeout_ms = 10000,
+        .warm_hold_ms = 1000,
         .load_interval_ms = 200,
         .timeout_ms = 5,
         .stall_ms = 1000,
@@ -156,6 +157,8 @@ void kvr_cluster_fail(kvr_cluster *c, const char *op)
     if (op)
         kvr_cluster_error(c, op);
     c->load_pending = 0; /* its reply, if any, is discarded with the connection */
+    if (c->holding)
+        kvr_hold_release(c); /* no request waits for a Redis that fails */
     drop(&c->cmd);
     drop(&c->rd);
     set_up(c, 0);
@@ -382,6 +385,7 @@ kvr_cluster *kvr_cluster_new(uv_loop_t *loop, const kvr_cluster_cfg *cfg, kvr_me
     c->start_ms = kvr_now_ms();
     c->start_wall_ms = kvr_cluster_wall_ms();
     c->warming = 1;
+    c->holding = 1;
 
     c->m_up = kvr_metrics_gauge(metrics, "kvroute_redis_up",
                                 "1 while this replica's Redis connections are up", 0, NULL);

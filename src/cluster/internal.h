@@ -58,6 +58,8 @@ struct kvr_cluster {
     size_t warm_applied;
     uint64_t start_ms;
     uint64_t start_wall_ms;   /* entries of this replica id written before are replayed */
+    int holding;              /* requests wait for the warm start (until it ends or fails) */
+    struct kvr_cluster_wait *waiters;
     uint64_t in_total;
     double lag_s;
 
@@ -94,6 +96,10 @@ void kvr_log_on_up(struct kvr_cluster *c);
 void kvr_log_flush_cb(uv_timer_t *t);
 void kvr_log_warm_deadline(struct kvr_cluster *c);
 void kvr_log_free(struct kvr_cluster *c);
+
+/* hold.c */
+/** The warm start ended or failed: waiting requests go on (on the next loop turn). */
+void kvr_hold_release(struct kvr_cluster *c);
 
 /* load.c */
 void kvr_load_tick(uv_timer_t *t);

@@ -128,6 +128,7 @@ static void warm_done(kvr_cluster *c, const char *why)
     if (c->warm)
         return;
     c->warm = 1;
+    kvr_hold_release(c);
     KVR_INFO("msg=\"cluster warm start over\" why=%s applied=%zu last_id=%s ms=%llu", why,
              c->warm_applied, c->last_id, (unsigned long long)(kvr_now_ms() - c->start_ms));
 }

@@ -229,6 +229,8 @@ static const kvr_flag flags[] = {
        "newest routing-log entries replayed at start"),
     FL("redis-warm-timeout-ms", U64, cluster.warm_timeout_ms, 0, 3600000,
        "/readyz waits no longer than this for the routing-log replay"),
+    FL("redis-warm-hold-ms", U64, cluster.warm_hold_ms, 0, 600000,
+       "a request arriving during the warm start waits for it at most this long (0 = never)"),
     FL("redis-load-interval-ms", U64, cluster.load_interval_ms, 10, 600000,
        "period of the in-flight counts published to and read from the other replicas"),
     FL("redis-timeout-ms", U64, cluster.timeout_ms, 1, 60000,

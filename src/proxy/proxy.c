@@ -81,6 +81,8 @@ typedef struct preq {
     uint64_t rl_tokens;   /* tokens counted against the key's limit before the answer */
     kvr_ratelimit_info rl;
     struct kvr_cluster_rate_op *rate_op; /* the cross-replica rate check in flight */
+    struct kvr_cluster_wait *warm_wait;  /* waiting for the replica's warm start */
+    int warm_waited;                     /* ... done (once per request) */
     char rl_val[6][24];   /* x-ratelimit-* values */
     double pf_tokens;     /* cost: the current attempt's predicted prefill tokens ... */
     double pf_ahead;      /* ... and what was outstanding at its worker before it */
@@ -229,6 +231,7 @@ static void preq_free(preq *p)
     if (p->tok)
         kvr_tokenize_cancel(p->tok);
     kvr_cluster_rate_cancel(p->rate_op);
+    kvr_cluster_wait_cancel(p->warm_wait);
     if (p->prefilling)
         p->w->prefilling--;
     kvr_buf_free(&p->held);
@@ -1052,9 +1055,22 @@ static void preq_start(preq *p, const kvr_proxy_body *body)
     preq_continue(p);
 }
 
+static void warm_over(void *ud)
+{
+    preq *p = ud;
+    p->warm_wait = NULL;
+    p->warm_waited = 1;
+    preq_continue(p);
+}
+
 static void preq_continue(preq *p)
 {
     kvr_app *app = p->app;
+    /* A replica replaying the shared log routes once it knows what the others learned (a
+     * brief, bounded wait: --redis-warm-hold-ms). */
+    if (!p->warm_waited && kvr_cluster_holding(app->cluster) &&
+        (p->warm_wait = kvr_cluster_wait_warm(app->cluster, warm_over, p)))
+        return;
     kvr_route_count_request(p->route, kvr_now_ms());
     build_forward_headers(p);
     if (p->route->ops->uses_tokens && app->tokenizer && !p->fixed && fetch_tokens(p))

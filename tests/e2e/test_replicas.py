@@ -571,3 +571,39 @@ def test_entries_wait_for_redis_within_the_queue_bound(procs, tmp_path, sim_fact
     r = chat(b, next_turn(msgs, reply))
     assert r.headers["x-kvroute-worker"] == worker
     assert float(r.headers["x-kvroute-match"]) >= 0.9
+
+
+def test_a_request_during_the_replay_waits_for_it(procs, tmp_path, sim_factory, kvroute):
+    """A replica's first request sent as soon as it answers /healthz (not /readyz) still
+    routes warm: it waits for the replay (bounded by --redis-warm-hold-ms)."""
+    redis = Redis(procs, tmp_path)
+    sims = four_sims(sim_factory)
+    # an older history to replay first: 20,000 entries of another replica
+    import random
+    import struct
+    rnd = random.Random(5)
+    buf = bytearray()
+    for i in range(20000):
+        keys = b"".join(struct.pack("<Q", rnd.getrandbits(64)) for _ in range(8))
+        args = [b"XADD", b"kvroute:log", b"*", b"v", b"1", b"t", b"teach", b"r", b"old",
+                b"w", sims[i % 4].url.encode(), b"ts", b"%d" % (time.time() * 1000), b"m",
+                SIM_MODEL.encode(), b"bb", b"64", b"b", keys]
+        buf += b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(x), x) for x in args)
+    with socket.create_connection(("127.0.0.1", redis.port), timeout=10.0) as sk:
+        sk.sendall(bytes(buf))
+        got = b""
+        while got.count(b"\r\n") < 20000:
+            got += sk.recv(1 << 20)
+    a = replica(kvroute, sims, redis, "a")
+    convs = []
+    for i in range(40):
+        msgs = first_turn(i)
+        r = chat(a, msgs)
+        convs.append((msgs, reply_text(r), r.headers["x-kvroute-worker"]))
+    wait_until(lambda: out_count(a) >= 80, 5.0, what="A wrote its entries")
+    for k in (3, 33):
+        c = replica(kvroute, sims, redis, "c%d" % k)  # Kvroute waits for /healthz only
+        msgs, reply, worker = convs[k]
+        r = chat(c, next_turn(msgs, reply))
+        assert r.headers["x-kvroute-worker"] == worker
+        assert float(r.headers["x-kvroute-match"]) >= 0.9
