@@ -127,8 +127,9 @@ int kvr_cluster_up(const kvr_cluster *c);
 /** Replicas with fresh load entries (this one included once it published). */
 size_t kvr_cluster_replicas(const kvr_cluster *c);
 
-/** GET /cluster's body: {replica_id, redis_up, warm, log: {last_id, out, in, lag_seconds},
- *  replicas: [{id, load_age_ms, log_position, self}]}. New reference. */
+/** GET /cluster's body: {replica_id, redis, key_prefix, redis_up, warm, log: {last_id, out,
+ *  in, lag_seconds, queued}, live_replicas, replicas: [{id, load_age_ms, log_position,
+ *  self}]}, this replica first. New reference. */
 json_t *kvr_cluster_json(const kvr_cluster *c);
 
 /** Rate limit across replicas: counts one request of `key` (`cost` units) against `limit`

@@ -483,6 +483,6 @@ json_t *kvr_cluster_json(const kvr_cluster *c)
                      c->cfg.key_prefix ? c->cfg.key_prefix : "", "redis_up", kvr_cluster_up(c),
                      "warm", c->warm, "log", "last_id", c->last_id, "out",
                      (json_int_t)c->out_total, "in", (json_int_t)c->in_total, "lag_seconds",
-                     c->lag_s, "queued", (json_int_t)c->queued, "replicas",
-                     (json_int_t)c->replicas, "replica_list", reps);
+                     c->lag_s, "queued", (json_int_t)c->queued, "live_replicas",
+                     (json_int_t)c->replicas, "replicas", reps);
 }

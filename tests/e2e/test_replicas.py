@@ -160,6 +160,15 @@ def test_late_replica_routes_an_old_conversation_on_its_first_request(procs, tmp
     cl = httpx.get("http://127.0.0.1:%s/cluster" % c.argv[c.argv.index("--admin-port") + 1],
                    timeout=5.0, verify=SSL_CTX).json()
     assert cl["enabled"] and cl["warm"] and cl["redis_up"] and cl["replica_id"] == "c"
+    assert cl["log"]["in"] >= 24 and cl["replicas"][0]["id"] == "c"
+
+    def seen():
+        j = httpx.get("http://127.0.0.1:%s/cluster" % c.argv[c.argv.index("--admin-port") + 1],
+                      timeout=5.0, verify=SSL_CTX).json()
+        return {r["id"]: r for r in j["replicas"]}, j["live_replicas"]
+    wait_until(lambda: "a" in seen()[0], 3.0, what="C lists A")
+    reps, live = seen()
+    assert live == 2 and reps["a"]["load_age_ms"] < 1000 and reps["a"]["log_position"]
 
 
 def test_readyz_waits_for_the_replay(procs, tmp_path, sim_factory, kvroute):
@@ -222,7 +231,7 @@ def test_least_load_sees_the_other_replicas_load(procs, tmp_path, sim_factory, k
     admin_b = "http://127.0.0.1:%s/cluster" % b.argv[b.argv.index("--admin-port") + 1]
     wait_until(lambda: any(r["id"] == "a" for r in httpx.get(admin_b, timeout=2.0,
                                                              verify=SSL_CTX)
-                           .json()["replica_list"]), 5.0, what="B sees A")
+                           .json()["replicas"]), 5.0, what="B sees A")
     time.sleep(0.3)
     assert metric(b, "kvroute_cluster_replicas") == 2
     sent = [pool.submit(b.post, "/v1/chat/completions", body, None, None, 20.0)
