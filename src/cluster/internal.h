@@ -52,6 +52,7 @@ struct kvr_cluster {
 
     /* log in */
     char last_id[48];         /* last id read ("0-0" before any) */
+    char gap_at[48];          /* the oldest id a gap was last counted for */
     int warm;                 /* first catch-up over (or timed out) */
     int warming;              /* catching up with XRANGE pages (0: XREAD BLOCK) */
     size_t warm_skip;         /* entries still to pass over (older than the warm window) */
@@ -96,6 +97,10 @@ void kvr_log_on_up(struct kvr_cluster *c);
 void kvr_log_flush_cb(uv_timer_t *t);
 void kvr_log_warm_deadline(struct kvr_cluster *c);
 void kvr_log_free(struct kvr_cluster *c);
+/** The log's oldest retained entry is `first` (`len` bytes; empty: no log): when it is newer
+ *  than the last id read, the log was trimmed past this replica's position (counted once per
+ *  such oldest id as errors{op="log_gap"}). */
+void kvr_log_check_first(struct kvr_cluster *c, const char *first, size_t len);
 
 /* hold.c */
 /** The warm start ended or failed: waiting requests go on (on the next loop turn). */

@@ -224,9 +224,30 @@ static void on_xread(redisAsyncContext *ac, void *r, void *priv)
     read_next(c);
 }
 
+/* The log's oldest entry, asked before every read: newer than the last id read means the
+ * read that follows skips what was trimmed meanwhile (the gap is counted). */
+static void on_first_check(redisAsyncContext *ac, void *r, void *priv)
+{
+    kvr_cluster *c = priv;
+    if (!kvr_conn_settle(&c->rd, ac) || !r)
+        return;
+    redisReply *rep = r;
+    if (rep->type == REDIS_REPLY_ARRAY && rep->elements == 1 &&
+        rep->element[0]->type == REDIS_REPLY_ARRAY && rep->element[0]->elements == 2 &&
+        rep->element[0]->element[0]->type == REDIS_REPLY_STRING) {
+        const redisReply *id = rep->element[0]->element[0];
+        kvr_log_check_first(c, id->str, id->len);
+    }
+}
+
 static void read_next(kvr_cluster *c)
 {
     char count[24], block[24];
+    if (strcmp(c->last_id, "0-0") != 0) {
+        const char *argv[] = {"XRANGE", c->key_log, "-", "+", "COUNT", "1"};
+        size_t lens[] = {6, strlen(c->key_log), 1, 1, 5, 1};
+        kvr_conn_send(&c->rd, on_first_check, c, 6, argv, lens);
+    }
     int cl = snprintf(count, sizeof(count), "%zu", c->cfg.read_count);
     int bl = snprintf(block, sizeof(block), "%d", READ_BLOCK_MS);
     if (c->warming) {
@@ -255,32 +276,22 @@ static void on_xlen(redisAsyncContext *ac, void *r, void *priv)
     read_next(c);
 }
 
-static void on_first(redisAsyncContext *ac, void *r, void *priv)
+void kvr_log_check_first(kvr_cluster *c, const char *first, size_t len)
 {
-    kvr_cluster *c = priv;
-    if (!kvr_conn_settle(&c->rd, ac) || !r)
+    char f[48];
+    uint64_t a, b;
+    if (!len || len >= sizeof(f) || !strcmp(c->last_id, "0-0"))
         return;
-    redisReply *rep = r;
-    /* The oldest retained entry is newer than the last one read: the log was trimmed (or
-     * Redis restarted empty and refilled) past this replica's position. */
-    if (rep->type == REDIS_REPLY_ARRAY && rep->elements == 1 &&
-        rep->element[0]->type == REDIS_REPLY_ARRAY && rep->element[0]->elements == 2 &&
-        rep->element[0]->element[0]->type == REDIS_REPLY_STRING) {
-        char first[48];
-        const redisReply *id = rep->element[0]->element[0];
-        snprintf(first, sizeof(first), "%.*s", (int)(id->len < 47 ? id->len : 47), id->str);
-        uint64_t fm, fs, lm, ls;
-        if (!parse_id(first, strlen(first), &fm, &fs) &&
-            !parse_id(c->last_id, strlen(c->last_id), &lm, &ls) &&
-            id_cmp(first, c->last_id) > 0) {
-            kvr_cluster_error(c, "log_gap");
-            KVR_WARN("msg=\"routing log trimmed past this replica's position\" last_id=%s "
-                     "first_id=%s",
-                     c->last_id, first);
-        }
-    }
-    read_next(c);
+    memcpy(f, first, len);
+    f[len] = '\0';
+    if (parse_id(f, len, &a, &b) < 0 || id_cmp(f, c->last_id) <= 0 || !strcmp(f, c->gap_at))
+        return;
+    snprintf(c->gap_at, sizeof(c->gap_at), "%s", f);
+    kvr_cluster_error(c, "log_gap");
+    KVR_WARN("msg=\"routing log trimmed past this replica's position\" last_id=%s first_id=%s",
+             c->last_id, f);
 }
+
 
 void kvr_log_on_up(kvr_cluster *c)
 {
@@ -290,9 +301,7 @@ void kvr_log_on_up(kvr_cluster *c)
         size_t lens[] = {4, strlen(c->key_log)};
         kvr_conn_send(&c->rd, on_xlen, c, 2, argv, lens);
     } else {
-        const char *argv[] = {"XRANGE", c->key_log, "-", "+", "COUNT", "1"};
-        size_t lens[] = {6, strlen(c->key_log), 1, 1, 5, 1};
-        kvr_conn_send(&c->rd, on_first, c, 6, argv, lens);
+        read_next(c); /* resumes from the last id (a gap checked first) */
     }
     flush(c);
 }

@@ -616,3 +616,40 @@ def test_a_request_during_the_replay_waits_for_it(procs, tmp_path, sim_factory, 
         r = chat(c, next_turn(msgs, reply))
         assert r.headers["x-kvroute-worker"] == worker
         assert float(r.headers["x-kvroute-match"]) >= 0.9
+
+
+def test_a_trimmed_gap_is_counted(procs, tmp_path, sim_factory, kvroute):
+    """B falls behind (frozen) while the log is trimmed past its position: it counts the gap
+    (errors{op="log_gap"}) once, and reads on from the oldest entry left."""
+    redis = Redis(procs, tmp_path)
+    sims = four_sims(sim_factory)[:2]
+    a = replica(kvroute, sims, redis, "a")
+    b = replica(kvroute, sims, redis, "b")
+    chat(a, first_turn(1))
+    wait_applied(b, 2)
+
+    def trim():
+        with socket.create_connection(("127.0.0.1", redis.port), timeout=2.0) as s:
+            s.sendall(b"XTRIM kvroute:log MAXLEN 0\r\n")
+            assert s.recv(64).startswith(b":")
+
+    b.proc.signal(signal.SIGSTOP)
+    try:
+        chat(a, first_turn(2))  # answers B's pending XREAD (unread while B is frozen)
+        wait_until(lambda: out_count(a) >= 4, 5.0, what="A wrote")
+        trim()
+        chat(a, first_turn(3))  # B never sees these two entries
+        wait_until(lambda: out_count(a) >= 6, 5.0, what="A wrote")
+        trim()
+        msgs = first_turn(4)
+        r = chat(a, msgs)
+        wait_until(lambda: out_count(a) >= 8, 5.0, what="A wrote after the trims")
+    finally:
+        b.proc.signal(signal.SIGCONT)
+    wait_until(lambda: metric(b, "kvroute_redis_errors_total", op="log_gap") >= 1, 5.0,
+               what="B counted the gap")
+    r2 = chat(b, next_turn(msgs, reply_text(r)))
+    assert r2.headers["x-kvroute-worker"] == r.headers["x-kvroute-worker"]
+    assert float(r2.headers["x-kvroute-match"]) >= 0.9
+    time.sleep(0.5)  # a few load polls: the same gap is counted once
+    assert metric(b, "kvroute_redis_errors_total", op="log_gap") == 1
