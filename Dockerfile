@@ -16,7 +16,7 @@ FROM debian:bookworm-slim
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       libuv1 libhttp-parser2.9 libcurl4 libjansson4 libyaml-0-2 libzmq5 libmsgpackc2 \
-      libxxhash0 ca-certificates \
+      libxxhash0 libhiredis0.14 ca-certificates \
  && apt-get clean \
  && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin \
  && groupadd --system --gid 10001 kvroute \

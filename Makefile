@@ -2,7 +2,7 @@
 # ASan+UBSan; `make test` runs the cmocka unit tests and the pytest end-to-end suite.
 CC      ?= gcc
 BUILD   ?= build
-PKGS    := libuv libcurl jansson yaml-0.1 libzmq msgpack libxxhash
+PKGS    := libuv libcurl jansson yaml-0.1 libzmq msgpack libxxhash hiredis
 CFLAGS  ?= -O2 -g
 # Link-time optimisation for the programs (issue 18: ~8 % less CPU per proxied request, as the
 # hot path crosses many small functions in other files). Objects carry both LTO bytecode and

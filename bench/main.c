@@ -29,7 +29,9 @@ static void usage(FILE *f)
         "Replays a trace as streaming OpenAI chat-completions requests and reports hit rate,\n"
         "TTFT, E2E latency, per-worker load and decisions.\n"
         "\n"
-        "  --url URL                   base URL of kvroute or a worker (…/v1/chat/completions is added)\n"
+        "  --url URL                   base URL of kvroute or a worker (…/v1/chat/completions is added);\n"
+        "                              repeat it for router replicas: requests are spread over them\n"
+        "  --spread round_robin|random how requests are spread over several --url (round_robin)\n"
         "  --trace FILE|DIR            trace file, or its dataset folder\n"
         "  --format F                  tau | sweagent | sharegpt | mtbench | mooncake | azure\n"
         "  --model NAME                model name (default: first id of GET URL/v1/models)\n"
@@ -147,7 +149,7 @@ enum {
     OPT_SCALE, OPT_THINK, OPT_SHARE, OPT_MAXREQ, OPT_CAP, OPT_DEFTOK, OPT_EOS, OPT_SEED,
     OPT_INFLIGHT, OPT_TIMEOUT, OPT_CTIMEOUT, OPT_EVENT, OPT_JSON, OPT_RECORDS, OPT_PROGRESS,
     OPT_HELP, OPT_BYPASS_SHARE, OPT_BYPASS_WORKER, OPT_SWEEP, OPT_SWEEP_AUTO, OPT_SWEEP_DUR,
-    OPT_SWEEP_POINTS, OPT_SWEEP_START, OPT_SWEEP_PROBES, OPT_SLO_TTFT, OPT_SLO_ITL,
+    OPT_SWEEP_POINTS, OPT_SWEEP_START, OPT_SWEEP_PROBES, OPT_SLO_TTFT, OPT_SLO_ITL, OPT_SPREAD,
 };
 
 int main(int argc, char **argv)
@@ -187,6 +189,7 @@ int main(int argc, char **argv)
         {"sweep-max-probes", required_argument, 0, OPT_SWEEP_PROBES},
         {"slo-ttft-ms", required_argument, 0, OPT_SLO_TTFT},
         {"slo-itl-ms", required_argument, 0, OPT_SLO_ITL},
+        {"spread", required_argument, 0, OPT_SPREAD},
         {0, 0, 0, 0},
     };
     kvr_bench_config c;
@@ -202,11 +205,30 @@ int main(int argc, char **argv)
     kvr_bench_sweep_opts_defaults(&so);
     static const char *bypass_workers[256];
     c.bypass_workers = bypass_workers;
+    static const char *urls[64];
+    c.urls = urls;
     while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         const char *a = optarg;
         int bad = 0;
         switch (opt) {
-        case OPT_URL: c.url = a; break;
+        case OPT_URL:
+            if (c.nurls >= sizeof(urls) / sizeof(urls[0])) {
+                fprintf(stderr, "kvroute-bench: at most %zu --url\n",
+                        sizeof(urls) / sizeof(urls[0]));
+                return 2;
+            }
+            urls[c.nurls++] = a;
+            if (!c.url)
+                c.url = a;
+            break;
+        case OPT_SPREAD:
+            if (!strcmp(a, "round_robin"))
+                c.spread_random = false;
+            else if (!strcmp(a, "random"))
+                c.spread_random = true;
+            else
+                bad = 1;
+            break;
         case OPT_TRACE: trace_path = a; break;
         case OPT_FORMAT: format = a; break;
         case OPT_MODEL: c.model = a; break;
@@ -424,6 +446,12 @@ int main(int argc, char **argv)
                 (json_int_t)c.seed, "max_tokens_cap", (int)c.max_tokens_cap, "max_requests",
                 (json_int_t)maxreq);
             if (meta) {
+                json_t *ua = json_array();
+                for (size_t i = 0; ua && i < c.nurls; i++)
+                    json_array_append_new(ua, json_string(c.urls[i]));
+                json_object_set_new(meta, "urls", ua ? ua : json_null());
+                json_object_set_new(meta, "spread",
+                                    json_string(c.spread_random ? "random" : "round_robin"));
                 json_t *bw = json_array();
                 for (size_t i = 0; bw && i < c.nbypass_workers; i++)
                     json_array_append_new(bw, json_string(c.bypass_workers[i]));

@@ -97,6 +97,12 @@ uint64_t kvr_bench_variant(uint32_t pass, uint32_t copy)
     return ((uint64_t)pass << 32) | copy;
 }
 
+size_t kvr_bench_spread_pick(uint64_t seed, size_t session, size_t turn, size_t nurls)
+{
+    size_t i = (size_t)(unit(seed ^ 0x5b7ead, session, turn) * (double)nurls);
+    return i < nurls ? i : nurls - 1;
+}
+
 double kvr_bench_think_ms(uint64_t seed, size_t session, size_t turn, double mean_ms)
 {
     if (mean_ms <= 0)
@@ -273,6 +279,7 @@ typedef struct req {
     bool headers_done;
     bool session_header;
     int bypass;  /* index into bypass_workers, -1 when sent to the router */
+    size_t via;  /* index into the router URLs (--url) it was sent to */
     int worker;  /* tally index; -1 until headers end */
     char worker_name[512];
     char decision[128];
@@ -284,6 +291,9 @@ typedef struct replay {
     kvr_bench_run *run;
     CURLM *multi;
     char endpoint[2048];
+    char **endpoints;        /* per --url when several: <url>/v1/chat/completions (owned) */
+    size_t nendpoints;
+    size_t spread_next;      /* round robin position over endpoints */
     char **bypass_endpoints; /* per bypass worker: <url>/v1/chat/completions (owned) */
     heap_t heap;
     bool *header;          /* per trace session: sends x-session-id */
@@ -339,6 +349,7 @@ static size_t header_cb(char *buf, size_t size, size_t n, void *ud)
             /* Without the router's header the worker is the URL the request went to. */
             const char *name = q->worker_name[0] ? q->worker_name
                                : q->bypass >= 0  ? q->rp->c->bypass_workers[q->bypass]
+                               : q->rp->nendpoints ? q->rp->c->urls[q->via]
                                                  : q->rp->c->url;
             q->worker = kvr_bench_tally_add(&q->rp->run->workers, name, 1);
             if (q->worker < 0)
@@ -425,6 +436,9 @@ static int launch(replay_t *rp, uint32_t si)
     q->turn = rp->next_turn[si];
     q->worker = -1;
     q->bypass = kvr_bench_bypass_pick(c->seed, si, q->turn, c->bypass_share, c->nbypass_workers);
+    if (rp->nendpoints)
+        q->via = c->spread_random ? kvr_bench_spread_pick(c->seed, si, q->turn, rp->nendpoints)
+                                  : rp->spread_next++ % rp->nendpoints;
     kvr_bench_body_opts bo = rp->body_opts;
     bo.variant = kvr_bench_variant(c->pass, copy);
     kvr_buf_init(&q->body, 0);
@@ -458,7 +472,9 @@ static int launch(replay_t *rp, uint32_t si)
     if (!q->easy)
         goto fail;
     CURL *e = q->easy;
-    curl_easy_setopt(e, CURLOPT_URL, q->bypass >= 0 ? rp->bypass_endpoints[q->bypass] : rp->endpoint);
+    curl_easy_setopt(e, CURLOPT_URL, q->bypass >= 0   ? rp->bypass_endpoints[q->bypass]
+                                     : rp->nendpoints ? rp->endpoints[q->via]
+                                                      : rp->endpoint);
     curl_easy_setopt(e, CURLOPT_POST, 1L);
     curl_easy_setopt(e, CURLOPT_POSTFIELDS, q->body.data);
     curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)q->body.len);
@@ -694,6 +710,24 @@ int kvr_bench_replay(const kvr_bench_trace *t, const kvr_bench_config *c, kvr_be
         ulen--;
     snprintf(rp.endpoint, sizeof(rp.endpoint), "%.*s/v1/chat/completions", (int)ulen, c->url);
     int rc = -1;
+    if (c->nurls > 1) {
+        rp.endpoints = calloc(c->nurls, sizeof(*rp.endpoints));
+        for (size_t i = 0; rp.endpoints && i < c->nurls; i++) {
+            const char *u = c->urls[i];
+            size_t n = strlen(u);
+            while (n && u[n - 1] == '/')
+                n--;
+            if (asprintf(&rp.endpoints[i], "%.*s/v1/chat/completions", (int)n, u) < 0) {
+                rp.endpoints[i] = NULL;
+                rp.oom = true;
+            }
+        }
+        if (!rp.endpoints || rp.oom) {
+            snprintf(err, errlen, "out of memory");
+            goto done;
+        }
+        rp.nendpoints = c->nurls;
+    }
     if (c->bypass_share > 0) {
         rp.bypass_endpoints = calloc(c->nbypass_workers, sizeof(*rp.bypass_endpoints));
         for (size_t i = 0; rp.bypass_endpoints && i < c->nbypass_workers; i++) {
@@ -828,6 +862,9 @@ done:
     free(rp.heap.v);
     free(rp.header);
     free(rp.next_turn);
+    for (size_t i = 0; rp.endpoints && i < c->nurls; i++)
+        free(rp.endpoints[i]);
+    free(rp.endpoints);
     for (size_t i = 0; rp.bypass_endpoints && i < c->nbypass_workers; i++)
         free(rp.bypass_endpoints[i]);
     free(rp.bypass_endpoints);

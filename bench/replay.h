@@ -26,6 +26,13 @@ typedef enum kvr_bench_mode {
 /** Replay settings (the command-line flags). */
 typedef struct kvr_bench_config {
     const char *url;             /**< base URL, e.g. "http://127.0.0.1:8000" (no trailing path) */
+    const char *const *urls;     /**< several base URLs (router replicas behind a balancer):
+                                      every request goes to one of them, per `spread_random`;
+                                      NULL = `url` alone. `url` is urls[0] then */
+    size_t nurls;                /**< entries of urls (0 = only `url`) */
+    bool spread_random;          /**< false: round robin over urls in send order (as a load
+                                      balancer's default); true: uniformly at random (seeded,
+                                      kvr_bench_spread_pick) */
     const char *model;           /**< "model" of every request */
     const char *api_key;         /**< sent as "Authorization: Bearer …" when non-NULL */
     kvr_bench_mode mode;         /**< session start discipline */
@@ -139,6 +146,9 @@ int kvr_bench_pick_header_sessions(size_t n, double share, uint64_t seed, bool *
  *  directly. A pure function of (seed, session, turn), so every policy's run bypasses the same
  *  requests to the same workers. share ≤ 0 or nworkers == 0 always gives -1. */
 int kvr_bench_bypass_pick(uint64_t seed, size_t session, size_t turn, double share, size_t nworkers);
+/** The URL (index below `nurls` >= 1) a request goes to with --spread random: a pure function
+ *  of (seed, session, turn), so every policy's run spreads the same requests alike. */
+size_t kvr_bench_spread_pick(uint64_t seed, size_t session, size_t turn, size_t nurls);
 /** The body variant (kvr_bench_body_opts.variant) of copy `copy` of a session in sweep pass
  *  `pass`: 0 for copy 0 of pass 0 (the trace as recorded), else (pass << 32) | copy. */
 uint64_t kvr_bench_variant(uint32_t pass, uint32_t copy);

@@ -60,6 +60,11 @@ usage: scripts/compare.sh --trace FILE|DIR --format F --json OUT [options]
   --sim-arg ARG           extra kvroute-sim argument for every worker (repeatable)
   --router-arg ARG        extra kvroute argument (repeatable)
   --replay-timeout S      bound on one replay, seconds (default 900)
+  --replicas N            kvroute replicas per policy run (default 1); the bench spreads the
+                          requests over them per request (round robin), as a load balancer would
+  --shared-state S        with --replicas > 1: redis (default; this script starts a redis-server
+                          on a free 127.0.0.1 port, one key prefix per run) or none (each replica
+                          learns alone)
   --keep                  keep the work directory (logs, per-run JSON) and print its path
 EOF
 }
@@ -80,6 +85,7 @@ REPLAY_TIMEOUT=900
 KEEP=0
 BYPASS_SHARE=0
 MODEL=kvroute-sim-model
+REPLICAS=1 SHARED=redis
 SWEEP=0 SWEEP_RATES="" SWEEP_DURATION=60 SWEEP_POINTS=6 SLO_TTFT_MS=2000 SLO_ITL_MS=100 PROFILE=""
 
 need() { [ $# -ge 2 ] || { echo "compare.sh: $1 needs a value" >&2; exit 2; }; }
@@ -115,6 +121,8 @@ while [ $# -gt 0 ]; do
     --router-arg) need "$@"; ROUTER_EXTRA+=("$2"); shift 2 ;;
     --replay-timeout) need "$@"; REPLAY_TIMEOUT=$2; shift 2 ;;
     --keep) KEEP=1; shift ;;
+    --replicas) need "$@"; REPLICAS=$2; shift 2 ;;
+    --shared-state) need "$@"; SHARED=$2; shift 2 ;;
     --bypass-share) need "$@"; BYPASS_SHARE=$2; shift 2 ;;
     -h | --help) usage; exit 0 ;;
     *) echo "compare.sh: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
@@ -125,6 +133,9 @@ for n in "$WORKERS" "$KV_BLOCKS" "$BLOCK_SIZE" "$MAX_REQUESTS" "$SEED" "$REPLAY_
     [[ "$n" =~ ^[0-9]+$ ]] || { echo "compare.sh: '$n' is not a non-negative integer" >&2; exit 2; }
 done
 [ "$WORKERS" -ge 1 ] || { echo "compare.sh: --workers must be at least 1" >&2; exit 2; }
+[[ "$REPLICAS" =~ ^[0-9]+$ ]] && [ "$REPLICAS" -ge 1 ] && [ "$REPLICAS" -le 16 ] ||
+    { echo "compare.sh: --replicas must be 1..16" >&2; exit 2; }
+case "$SHARED" in redis | none) ;; *) echo "compare.sh: --shared-state is redis or none" >&2; exit 2 ;; esac
 python3 -c 'import sys; v = float(sys.argv[1]); sys.exit(0 if 0 <= v <= 1 else 1)' "$BYPASS_SHARE" \
     2>/dev/null || { echo "compare.sh: --bypass-share must be a number in 0..1" >&2; exit 2; }
 if [ "$SWEEP" = 1 ]; then
@@ -262,7 +273,8 @@ start_router() {
     for try in 1 2 3; do
         port=$(free_port)
         "$BUILD/kvroute" "${args[@]}" --policy "$policy" --host 127.0.0.1 --port "$port" \
-            ${ROUTER_EXTRA[@]+"${ROUTER_EXTRA[@]}"} >"$WORK/router-$policy.log" 2>&1 &
+            ${ROUTER_EXTRA[@]+"${ROUTER_EXTRA[@]}"} ${REPLICA_ARGS[@]+"${REPLICA_ARGS[@]}"} \
+            >"$WORK/router-$policy${ROUTER_TAG:-}.log" 2>&1 &
         ROUTER_PID=$!
         PIDS+=("$ROUTER_PID")
         ROUTER_URL="http://127.0.0.1:$port"
@@ -279,7 +291,7 @@ start_router() {
         stop_pids "$ROUTER_PID"
     done
     echo "compare.sh: kvroute did not start; log:" >&2
-    tail -20 "$WORK/router-$policy.log" >&2
+    tail -20 "$WORK/router-$policy${ROUTER_TAG:-}.log" >&2
     return 1
 }
 
@@ -330,7 +342,12 @@ replay() {
         mode+=(--sweep-duration "$SWEEP_DURATION" --sweep-points "$SWEEP_POINTS"
             --slo-ttft-ms "$SLO_TTFT_MS" --slo-itl-ms "$SLO_ITL_MS")
     fi
-    local args=(--url "$url" --model "$MODEL" --trace "$TRACE" --format "$FORMAT"
+    local urlargs=(--url "$url")
+    if [ "$name" != bound ] && [ ${#ROUTER_URLS[@]} -gt 1 ]; then
+        urlargs=()
+        for u in "${ROUTER_URLS[@]}"; do urlargs+=(--url "$u"); done
+    fi
+    local args=("${urlargs[@]}" --model "$MODEL" --trace "$TRACE" --format "$FORMAT"
         "${mode[@]}" --time-scale "$TIME_SCALE" --think-ms "$THINK_MS" --seed "$SEED"
         --json "$WORK/$name.json" --progress lines)
     [ "$MAX_REQUESTS" -gt 0 ] && args+=(--max-requests "$MAX_REQUESTS")
@@ -388,6 +405,24 @@ print(",".join("%.6g" % p["offered_rate"] for p in j.get("sweep") or []))' "$WOR
     echo "compare.sh: sweeping every policy at $SWEEP_RATES sessions per model second" >&2
 fi
 
+REDIS_URL=""
+if [ "$REPLICAS" -gt 1 ] && [ "$SHARED" = redis ]; then
+    command -v redis-server >/dev/null || { echo "compare.sh: redis-server is missing (scripts/install-deps.sh)" >&2; exit 1; }
+    rport=$(free_port)
+    redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonly no >"$WORK/redis.log" 2>&1 &
+    PIDS+=("$!")
+    REDIS_URL="redis://127.0.0.1:$rport"
+    for i in $(seq 50); do
+        python3 -c 'import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=0.5); s.sendall(b"PING\r\n")
+sys.exit(0 if s.recv(16).startswith(b"+PONG") else 1)' "$rport" 2>/dev/null && break
+        sleep 0.1
+    done
+    echo "compare.sh: $REPLICAS replicas per run sharing state through $REDIS_URL" >&2
+elif [ "$REPLICAS" -gt 1 ]; then
+    echo "compare.sh: $REPLICAS replicas per run, no shared state" >&2
+fi
+
 for policy in "${POLICY_LIST[@]}"; do
     echo "compare.sh: policy $policy" >&2
     urls=() pids=() KV_ARGS=()
@@ -397,16 +432,30 @@ for policy in "${POLICY_LIST[@]}"; do
         pids+=("$SIM_PID")
         [ -z "$SIM_KV" ] || KV_ARGS+=("$SIM_KV")
     done
-    start_router "$policy" "${urls[@]}"
+    ROUTER_URLS=() ROUTER_PIDS=()
+    for r in $(seq "$REPLICAS"); do
+        REPLICA_ARGS=()
+        ROUTER_TAG=""
+        if [ "$REPLICAS" -gt 1 ]; then
+            ROUTER_TAG="-r$r"
+            [ -z "$REDIS_URL" ] || REPLICA_ARGS=(--redis "$REDIS_URL" --redis-key-prefix "cmp-$policy:"
+                --replica-id "r$r")
+        fi
+        start_router "$policy" "${urls[@]}"
+        ROUTER_URLS+=("$ROUTER_URL")
+        ROUTER_PIDS+=("$ROUTER_PID")
+    done
+    ROUTER_URL=${ROUTER_URLS[0]}
     replay "$policy" "$ROUTER_URL" "${urls[@]}"
     scrape "${urls[@]}" >"$WORK/$policy.metrics"
     # kvroute's own view: decisions it counted, prediction error, KV-event trust states.
     curl -s -m 5 "$ROUTER_URL/metrics" >"$WORK/$policy.router.prom" || true
     printf '%s\n' "${urls[@]}" >"$WORK/$policy.workers"
-    stop_pids "$ROUTER_PID" "${pids[@]}"
+    stop_pids "${ROUTER_PIDS[@]}" "${pids[@]}"
     warn_refused "$WORK"/w*-"$policy".log
 done
 
+CMP_REPLICAS=$REPLICAS CMP_SHARED=$([ -n "$REDIS_URL" ] && echo redis || echo none) \
 python3 - "$WORK" "$JSON_OUT" "$WORKERS" "$BOUND" "$FORMAT" "$TRACE" "$KV_BLOCKS" "$BLOCK_SIZE" \
     "$TIME_SCALE" "$BYPASS_SHARE" "$KV_EVENTS" "${POLICY_LIST[@]}" <<'PY'
 import json, math, os, re, sys
@@ -527,7 +576,9 @@ for p, row in result["policies"].items():
     row["uncached_vs_round_robin"] = (row["uncached_tokens"] / rr_uncached) if rr_uncached else None
 result["setup"] = {"format": fmt, "trace": trace, "workers": workers, "kv_blocks_per_worker": int(kv),
                    "block_size": int(bs), "time_scale": float(ts), "bypass_share": float(bypass),
-                   "kv_events": kv_events == "1"}
+                   "kv_events": kv_events == "1",
+                   "replicas": int(os.environ.get("CMP_REPLICAS", "1")),
+                   "shared_state": os.environ.get("CMP_SHARED", "none")}
 with open(out, "w") as f:
     json.dump(result, f, indent=2)
     f.write("\n")

@@ -11,7 +11,7 @@ if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 BUILD_PKGS=(
   build-essential pkg-config
   libuv1-dev libhttp-parser-dev libcurl4-openssl-dev libjansson-dev libyaml-dev
-  libzmq3-dev libmsgpack-dev libxxhash-dev
+  libzmq3-dev libmsgpack-dev libxxhash-dev libhiredis-dev
 )
 if [ "${1:-}" = "--build" ]; then
   missing=()
@@ -27,7 +27,7 @@ fi
 PKGS=(
   build-essential pkg-config clang
   libuv1-dev libhttp-parser-dev libcurl4-openssl-dev libjansson-dev libyaml-dev
-  libzmq3-dev libmsgpack-dev libxxhash-dev libcmocka-dev
+  libzmq3-dev libmsgpack-dev libxxhash-dev libcmocka-dev libhiredis-dev redis-server
   python3 python3-pytest python3-httpx python3-zmq python3-msgpack python3-yaml openssl
   nodejs wrk nginx-light haproxy gnuplot-nox curl procps
   chromium

@@ -19,6 +19,7 @@
 #include "app/app.h"
 #include "events/kvevents.h"
 #include "obs/access_log.h"
+#include "cluster/cluster.h"
 #include "obs/otlp.h"
 #include "obs/status_stats.h"
 #include "proxy/tokenize.h"
@@ -51,6 +52,8 @@ static void on_http_closed(void *ud)
     app->kv = NULL;
     kvr_otlp_close(app->otlp);
     app->otlp = NULL;
+    kvr_cluster_close(app->cluster);
+    app->cluster = NULL;
     /* Every request has ended: its access-log line is buffered; write it and close. */
     kvr_access_log_close(app->access);
     app->access = NULL;
@@ -327,6 +330,10 @@ int main(int argc, char **argv)
         kvr_errlist_print(&errs, stderr, "kvroute: ");
         return 2;
     }
+    if (kvr_app_cluster_start(app, err, sizeof(err)) < 0) {
+        fprintf(stderr, "kvroute: %s\n", err);
+        return 2;
+    }
     app->http = kvr_http_server_new(app->loop, &app->cfg.http, kvr_api_handle, app);
     int lr = kvr_http_server_listen(app->http, app->cfg.host, app->cfg.port);
     if (lr < 0) {
@@ -381,6 +388,7 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < app->ndeparted; i++)
         kvr_worker_unref(app->departed[i]);
     free(app->departed);
+    free(app->cluster_keys);
     kvr_auth_free(app->auth);
     for (size_t i = 0; i < app->nauth_retired; i++)
         kvr_auth_free(app->auth_retired[i]);

@@ -12,6 +12,7 @@
 #include "api/status.h"
 #include "api/validate.h"
 #include "api/workers_admin.h"
+#include "cluster/cluster.h"
 #include "events/kvevents.h"
 #include "proxy/keys.h"
 #include "proxy/tokenize.h"
@@ -309,6 +310,19 @@ static void debug_route(kvr_app *app, kvr_http_req *r)
     dbg_answer(d);
 }
 
+/* GET /cluster: the replicas sharing this one's Redis (cluster/cluster.h), or
+ * {"enabled": false} without --redis. */
+static void cluster(kvr_app *app, kvr_http_req *r)
+{
+    if (!app->cluster) {
+        kvr_admin_reply(r, 200, json_pack("{s:b}", "enabled", 0));
+        return;
+    }
+    json_t *j = kvr_cluster_json(app->cluster);
+    json_object_set_new(j, "enabled", json_true());
+    kvr_admin_reply(r, 200, j);
+}
+
 /* 1 when `method` is one of `allow` ("GET, POST"). */
 static int allowed(const char *allow, const char *method)
 {
@@ -331,6 +345,7 @@ static const struct {
     {"/reload", 0, "POST", reload},
     {"/debug/route", 0, "POST", debug_route},
     {"/status", 0, "GET, HEAD", kvr_admin_status},
+    {"/cluster", 0, "GET", cluster},
 };
 
 void kvr_admin_handle(kvr_http_req *r, void *ud)

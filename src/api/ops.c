@@ -59,13 +59,19 @@ void kvr_api_healthz(kvr_app *app, kvr_http_req *r)
 void kvr_api_readyz(kvr_app *app, kvr_http_req *r)
 {
     size_t n = kvr_registry_eligible_count(app->reg);
+    /* A replica sharing state is ready once it replayed the routing log (or gave up on it
+     * after --redis-warm-timeout-ms): it then routes like the others from its first request.
+     * From SIGTERM on it is not ready (--shutdown-delay-ms). */
+    int warm = !app->cluster || kvr_cluster_warm(app->cluster);
     int stopping = app->draining || app->shutting_down;
-    int ready = n > 0 && app->routes->n > 0 && !stopping;
-    reply_json(app, r, ready ? 200 : 503,
-               json_pack("{s:s,s:I,s:I}", "status",
-                         ready ? "ready" : stopping ? "shutting_down" : "not_ready",
-                         "eligible_workers", (json_int_t)n, "workers",
-                         (json_int_t)kvr_registry_count(app->reg)));
+    int ready = n > 0 && app->routes->n > 0 && !stopping && warm;
+    json_t *j = json_pack("{s:s,s:I,s:I}", "status",
+                          ready ? "ready" : stopping ? "shutting_down" : "not_ready",
+                          "eligible_workers", (json_int_t)n, "workers",
+                          (json_int_t)kvr_registry_count(app->reg));
+    if (app->cluster)
+        json_object_set_new(j, "cluster_warm", json_boolean(warm));
+    reply_json(app, r, ready ? 200 : 503, j);
 }
 
 void kvr_api_metrics(kvr_app *app, kvr_http_req *r)

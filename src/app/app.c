@@ -376,6 +376,7 @@ void kvr_app_forget_worker(kvr_app *app, kvr_worker *w)
 static void on_worker_forget(void *ud, kvr_worker *w)
 {
     kvr_app_forget_worker(ud, w);
+    kvr_app_cluster_forgot(ud, w);
 }
 
 static void on_worker_models(void *ud, kvr_worker *w)

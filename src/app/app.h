@@ -122,6 +122,9 @@ typedef struct kvr_app {
     struct kvr_otlp *otlp;               /**< span exporter (NULL: no --otlp-endpoint) */
     struct kvr_access_log *access;       /**< the access log (NULL: no --access-log) */
     struct kvr_k8s *k8s;                 /**< Kubernetes discovery (NULL: no --k8s-service) */
+    struct kvr_cluster *cluster;         /**< the replicas' shared state (NULL: no --redis) */
+    uint64_t *cluster_keys;              /**< scratch: one entry's block keys */
+    size_t ncluster_keys;
     struct kvr_status_stats *status;     /**< the admin GET /status figures (NULL = none
                                               kept) */
     struct kvr_text_cache *text_cache;   /**< the tools sections of recent chat requests'
@@ -215,6 +218,22 @@ int kvr_app_k8s_start(kvr_app *app, char *err, size_t cap);
 /** The source of `w` as /workers and kvroute_discovery_workers name it: "config", "api" or
  *  "kubernetes". */
 const char *kvr_app_worker_source(const kvr_app *app, const kvr_worker *w);
+/** Starts sharing routing state through Redis when --redis is set (src/app/replicas.c):
+ *  other replicas' log entries are applied to the routes, this replica's loads published
+ *  and theirs added to the workers' remote_inflight. Returns 0 (also without --redis), or -1
+ *  with a reason in `err`. */
+int kvr_app_cluster_start(kvr_app *app, char *err, size_t cap);
+/** Worker `w` of route `r` was just taught keys `k` (kvr_route_teach): appends it to the
+ *  routing log (block keys and session digest only). No-op without a cluster, or for a
+ *  policy that learns nothing. */
+void kvr_app_cluster_taught(kvr_app *app, kvr_route *r, kvr_worker *w, const kvr_route_keys *k);
+/** The self-correcting index of route `r` found `w` without part of keys `k`'s text (it
+ *  reported `cached` of `prompt` tokens; kvr_route_correct returned 1): tells the other
+ *  replicas which block it lacked, so they drop what it used no later too. */
+void kvr_app_cluster_corrected(kvr_app *app, kvr_route *r, kvr_worker *w,
+                               const kvr_route_keys *k, int64_t cached, int64_t prompt);
+/** Worker `w` lost its cache (restart, long outage): tells the other replicas. */
+void kvr_app_cluster_forgot(kvr_app *app, kvr_worker *w);
 
 /** Sets up app->wctx from the configuration (after reg, up and metrics exist). */
 void kvr_app_workers_ctx_init(kvr_app *app);

@@ -249,6 +249,37 @@ static const kvr_flag flags[] = {
        "counted)"),
     FL("status-ttft-samples", SIZE, status_ttft_samples, 1, 1e7,
        "recent TTFTs the admin GET /status takes its p50/p99 from"),
+    FL("redis", STR, cluster.url, 0, 0,
+       "share routing state with the other replicas through this Redis: "
+       "redis://[user:pass@]host:port/db (unset = this replica alone)"),
+    FL("redis-key-prefix", STR, cluster.key_prefix, 0, 0,
+       "prefix of kvroute's Redis keys: replicas with the same Redis and prefix are one cluster"),
+    FL("redis-password-file", STR, cluster.password_file, 0, 0,
+       "file whose first line is the Redis password (wins over the URL's)"),
+    FL("replica-id", STR, cluster.replica_id, 0, 0,
+       "this replica's name in the cluster (default: host name and pid)"),
+    FL("redis-log-max-len", SIZE, cluster.log_max_len, 1, 1e10,
+       "routing-log entries Redis keeps (XADD MAXLEN ~)"),
+    FL("redis-flush-ms", U64, cluster.flush_ms, 1, 60000,
+       "longest a routing-log entry waits before it is sent (entries are batched)"),
+    FL("redis-warm-max-entries", SIZE, cluster.warm_max_entries, 0, 1e10,
+       "newest routing-log entries replayed at start"),
+    FL("redis-warm-timeout-ms", U64, cluster.warm_timeout_ms, 0, 3600000,
+       "/readyz waits no longer than this for the routing-log replay"),
+    FL("redis-warm-hold-ms", U64, cluster.warm_hold_ms, 0, 600000,
+       "a request arriving during the warm start waits for it at most this long (0 = never)"),
+    FL("redis-load-interval-ms", U64, cluster.load_interval_ms, 10, 600000,
+       "period of the in-flight counts published to and read from the other replicas"),
+    FL("redis-timeout-ms", U64, cluster.timeout_ms, 1, 60000,
+       "longest a request waits for the cross-replica rate-limit check"),
+    FL("redis-stall-ms", U64, cluster.stall_ms, 10, 600000,
+       "a Redis command unanswered this long marks Redis down (reconnect)"),
+    FL("redis-queue-max", SIZE, cluster.queue_max, 1, 1e9,
+       "routing-log entries held while Redis is away (more are dropped and counted)"),
+    FL("redis-queue-max-bytes", SIZE, cluster.queue_max_bytes, 4096, 1e12,
+       "bytes of routing-log entries held while Redis is away (more are dropped and counted)"),
+    FL("redis-entry-max-blocks", SIZE, cluster.entry_max_blocks, 1, 65536,
+       "block keys one routing-log entry carries (longer texts: their first blocks)"),
 };
 
 #define NFLAGS (sizeof(flags) / sizeof(flags[0]))
@@ -338,6 +369,7 @@ void kvr_config_default(kvr_config *c)
     kvr_otlp_cfg_default(&c->otlp);
     c->access_log_buffer_bytes = 1u << 20;
     c->status_ttft_samples = 1024;
+    kvr_cluster_cfg_default(&c->cluster);
     kvr_http_limits_default(&c->http);
     kvr_upstream_opts_default(&c->upstream);
 }
@@ -810,6 +842,11 @@ int kvr_config_load(kvr_config *c, int argc, char **argv, kvr_errlist *errs)
     check_otlp(c, errs);
     check_k8s(c, errs);
     check_names(c, errs);
+    if (c->cluster.url && *c->cluster.url) {
+        char cerr[400];
+        if (kvr_cluster_check(&c->cluster, cerr, sizeof(cerr)) < 0)
+            kvr_errlist_add(errs, "%s", cerr);
+    }
     resolve_routes(c, errs);
     if (c->breaker.max_cooldown_ms < c->breaker.cooldown_ms)
         kvr_errlist_add(errs, "--breaker-max-cooldown-ms must be >= --breaker-cooldown-ms");

@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cluster/cluster.h"
 #include "events/kvevents.h"
 #include "http/server.h"
 #include "obs/otlp.h"
@@ -198,6 +199,9 @@ typedef struct kvr_config {
                                         discovery.kubernetes {service, namespace, port,
                                         kv_events_port, kv_replay_port, kv_topic}.
                                         With a service, workers are optional */
+    kvr_cluster_cfg cluster;       /**< --redis, --redis-key-prefix, --redis-password-file,
+                                        --replica-id and the other --redis-* flags; file:
+                                        redis {url, key_prefix, password_file} */
     const char **kv_events_args;   /**< each --kv-events WORKER_URL=ENDPOINT[,REPLAY] as given,
                                         applied over the workers' own kv_events at load */
     size_t nkv_events_args;

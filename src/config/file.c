@@ -36,13 +36,15 @@ typedef struct {
 
 static const char *const TOP_KEYS[] = {"listen",  "admin",  "auth",       "defaults",
                                        "workers", "routes", "egress", "rate_limits",
-                                       "discovery"};
+                                       "discovery", "redis"};
 static const char *const DISCOVERY_KEYS[] = {"kubernetes"};
 static const char *const K8S_KEYS[] = {"service",        "namespace",      "port",
                                        "kv_events_port", "kv_replay_port", "kv_topic"};
 static const char *const K8S_FLAGS[] = {"k8s-service",        "k8s-namespace",
                                         "k8s-port",           "k8s-kv-events-port",
                                         "k8s-kv-replay-port", "k8s-kv-topic"};
+static const char *const REDIS_KEYS[] = {"url", "key_prefix", "password_file"};
+static const char *const REDIS_FLAGS[] = {"redis", "redis-key-prefix", "redis-password-file"};
 static const char *const LISTEN_KEYS[] = {"host", "port"};
 static const char *const LISTEN_FLAGS[] = {"host", "port"};
 static const char *const ADMIN_KEYS[] = {"host", "port", "token_file"};
@@ -796,6 +798,8 @@ static void top(loader *l, const yaml_node_t *m)
             settings(l, k, v, l->c, ADMIN_KEYS, ADMIN_FLAGS, COUNT(ADMIN_KEYS));
         else if (is(k, "auth"))
             settings(l, k, v, l->c, AUTH_KEYS, AUTH_FLAGS, COUNT(AUTH_KEYS));
+        else if (is(k, "redis"))
+            settings(l, k, v, l->c, REDIS_KEYS, REDIS_FLAGS, COUNT(REDIS_KEYS));
         else if (is(k, "egress"))
             egress(l, k, v);
         else if (is(k, "discovery"))

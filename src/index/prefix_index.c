@@ -890,6 +890,10 @@ static inline void prefetch_buckets(const kvr_prefix_index *ix, uint64_t fp)
     __builtin_prefetch(sh->slots + b2 * BUCKET);
 }
 
+/* Records the first `m` keys of ix->chain (already within the worker's cap) under worker
+ * slot `wi`: the common part of insert and insert_keys. */
+static int insert_chain(kvr_prefix_index *ix, uint32_t wi, size_t m, size_t cap);
+
 int kvr_prefix_index_insert(kvr_prefix_index *ix, size_t worker, const void *text, size_t len)
 {
     if (!len)
@@ -907,7 +911,30 @@ int kvr_prefix_index_insert(kvr_prefix_index *ix, size_t worker, const void *tex
     if (grow_chain(ix, m) < 0)
         return -1;
     kvr_prefix_index_block_keys(B, text, len, ix->chain, m);
+    return insert_chain(ix, wi, m, cap);
+}
 
+int kvr_prefix_index_insert_keys(kvr_prefix_index *ix, size_t worker, const uint64_t *keys,
+                                 size_t n)
+{
+    if (!n)
+        return 0;
+    long wl = worker_get(ix, worker);
+    if (wl < 0)
+        return -1;
+    uint32_t wi = (uint32_t)wl;
+    clock_advance(ix, 1);
+    ix->match_n = 0;
+    size_t cap = eff_cap(ix, &ix->w[wi]);
+    size_t m = n < cap ? n : cap;
+    if (grow_chain(ix, m) < 0)
+        return -1;
+    memcpy(ix->chain, keys, m * sizeof(*keys));
+    return insert_chain(ix, wi, m, cap);
+}
+
+static int insert_chain(kvr_prefix_index *ix, uint32_t wi, size_t m, size_t cap)
+{
     int rc = 0, have_set = 0;
     /* Last block first: each block ends up more recent than everything after it. */
     for (size_t k = m; k-- > 0;) {
@@ -1184,6 +1211,36 @@ long kvr_prefix_index_correct(kvr_prefix_index *ix, size_t worker, const kvr_pre
     /* Stamps grow from the tail to the head: what was used no later than the threshold is a
      * tail segment, dropped in O(its length). Holdings touched since the snapshot have newer
      * stamps and stay, whatever they held then. */
+    while (w->tail != NIL) {
+        uint32_t t = w->tail;
+        if (!stamp_le(ix->sh[t >> LOCAL_BITS].st[t & LOCAL_MASK], threshold))
+            break;
+        lru_unlink(ix, w, t);
+        w->count--;
+        if (table_remove(ix, t))
+            ix->keys--;
+        dropped++;
+    }
+    ix->corrected += (uint64_t)dropped;
+    size_t floor = w->count > keep_blocks ? w->count : keep_blocks;
+    if (!floor)
+        floor = 1;
+    if (floor < eff_cap(ix, w)) {
+        w->learned = floor;
+        update_need(ix);
+    }
+    return dropped;
+}
+
+long kvr_prefix_index_correct_key(kvr_prefix_index *ix, size_t worker, uint64_t key,
+                                  size_t keep_blocks)
+{
+    long wl = worker_find(ix, worker);
+    uint32_t threshold;
+    if (wl < 0 || !stamp_of(ix, (uint32_t)wl, fp_of(key), &threshold))
+        return -1;
+    wrec *w = &ix->w[wl];
+    long dropped = 0;
     while (w->tail != NIL) {
         uint32_t t = w->tail;
         if (!stamp_le(ix->sh[t >> LOCAL_BITS].st[t & LOCAL_MASK], threshold))

@@ -126,6 +126,14 @@ void kvr_prefix_index_match_use(kvr_prefix_index *ix, size_t worker, size_t matc
 long kvr_prefix_index_correct(kvr_prefix_index *ix, size_t worker, const kvr_prefix_use *use,
                               size_t block, size_t keep_blocks);
 
+/** Another replica's correction (cluster/cluster.h): `worker` turned out not to hold the block
+ *  whose key is `key`. As kvr_prefix_index_correct with this index's own use stamp of that
+ *  holding: drops the worker's holdings used no later than it (the block included), then
+ *  lowers its cap to what is left, never below `keep_blocks` (at least 1). Returns the
+ *  holdings dropped, or -1 when the worker does not hold `key` here (nothing changes). */
+long kvr_prefix_index_correct_key(kvr_prefix_index *ix, size_t worker, uint64_t key,
+                                  size_t keep_blocks);
+
 /** `worker` held `blocks` more than the index predicted: lifts a cap lowered by corrections by
  *  that much, back to its uncorrected value at most (no effect when none was lowered). */
 void kvr_prefix_index_raise_capacity(kvr_prefix_index *ix, size_t worker, size_t blocks);
@@ -142,6 +150,13 @@ void kvr_prefix_index_tick(kvr_prefix_index *ix, uint64_t calls);
  *  blocks, ties at random). Returns 0, or -1 when the worker id is out of range or memory ran
  *  out (the index then holds a consistent subset of the blocks). An empty text is a no-op. */
 int kvr_prefix_index_insert(kvr_prefix_index *ix, size_t worker, const void *text, size_t len);
+
+/** As kvr_prefix_index_insert for a text whose block keys (kvr_prefix_index_block_keys with
+ *  this index's block_bytes, `n` of them, in order) were computed elsewhere: what another
+ *  kvroute replica taught (cluster/cluster.h). Keys of another block size simply never match.
+ *  Returns 0, or -1 as insert does. n = 0 is a no-op. */
+int kvr_prefix_index_insert_keys(kvr_prefix_index *ix, size_t worker, const uint64_t *keys,
+                                 size_t n);
 
 /** Drops every block `worker` holds, at once (it left, restarted or cleared its cache), and its
  *  capacity setting (and any cap learned from corrections). Returns the number of holdings

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cluster/entry.h"
 #include "events/kvevents.h"
 #include "routing/keys.h"
 #include "routing/text_scan.h"
@@ -15,6 +16,18 @@ static const char *get_header(void *ctx, const char *name, size_t *len)
     if (v)
         *len = strlen(v);
     return v;
+}
+
+/* Replicas sharing state key sessions by the digest the routing log carries (never the id),
+ * so a session bound through another replica is found here by the same id. */
+static void cluster_session(kvr_app *app, kvr_request_keys *out)
+{
+    if (!app->cluster || !out->session.len)
+        return;
+    unsigned char d[16];
+    kvr_entry_session_digest(out->session.data, out->session.len, d);
+    kvr_buf_reset(&out->session);
+    kvr_buf_append(&out->session, d, sizeof(d));
 }
 
 int kvr_request_keys_build(kvr_app *app, const kvr_route *route, const json_t *body,
@@ -29,6 +42,7 @@ int kvr_request_keys_build(kvr_app *app, const kvr_route *route, const json_t *b
         return 0;
     int rc = kvr_route_keys_build(body, (kvr_route_kind)ep, get_header, r,
                                   &app->session_sources, &out->text, &out->session);
+    cluster_session(app, out);
     if (out->session.len) {
         out->k.session = out->session.data;
         out->k.session_len = out->session.len;
@@ -50,6 +64,7 @@ int kvr_request_keys_build_fields(kvr_app *app, const kvr_route *route,
     if (!route->ops->uses_keys || ep == KVR_EP_COUNT_TOKENS)
         return 0; /* as kvr_request_keys_build() */
     int rc = kvr_body_session_key(body, get_header, r, &app->session_sources, &out->session);
+    cluster_session(app, out);
     if (out->session.len) {
         out->k.session = out->session.data;
         out->k.session_len = out->session.len;

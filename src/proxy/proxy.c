@@ -14,6 +14,7 @@
 #include "obs/status_stats.h"
 #include "proxy/admission.h"
 #include "proxy/headers.h"
+#include "cluster/cluster.h"
 #include "proxy/ratelimit.h"
 #include "proxy/spans.h"
 #include "proxy/keys.h"
@@ -78,6 +79,9 @@ typedef struct preq {
     const char *key;      /* the client key's name ("-" without auth) */
     uint64_t rl_tokens;   /* tokens counted against the key's limit before the answer */
     kvr_ratelimit_info rl;
+    struct kvr_cluster_rate_op *rate_op; /* the cross-replica rate check in flight */
+    struct kvr_cluster_wait *warm_wait;  /* waiting for the replica's warm start */
+    int warm_waited;                     /* ... done (once per request) */
     char rl_val[6][24];   /* x-ratelimit-* values */
     double pf_tokens;     /* cost: the current attempt's predicted prefill tokens ... */
     double pf_ahead;      /* ... and what was outstanding at its worker before it */
@@ -233,6 +237,8 @@ static void preq_free(preq *p)
         p->next->prev = p->prev;
     if (p->tok)
         kvr_tokenize_cancel(p->tok);
+    kvr_cluster_rate_cancel(p->rate_op);
+    kvr_cluster_wait_cancel(p->warm_wait);
     if (p->prefilling)
         p->w->prefilling--;
     kvr_buf_free(&p->held);
@@ -352,6 +358,10 @@ static void correct_index(preq *p, size_t prompt_len)
     int fixed = kvr_route_correct(p->route, p->w, &k, &p->pick, p->usage.cached,
                                   p->usage.prompt);
     kvr_metric_inc(p->app->m.index_corrections, lw, fixed);
+    if (fixed) { /* the others drop what it lost, then learn the prompt again, as here */
+        kvr_app_cluster_corrected(p->app, p->route, p->w, &k, p->usage.cached, p->usage.prompt);
+        kvr_app_cluster_taught(p->app, p->route, p->w, &k);
+    }
 }
 
 /* The worker now also holds its own reply (engines cache generated tokens too): teach the
@@ -364,6 +374,7 @@ static void teach_reply(preq *p)
         p->keys.k.text = p->keys.text.data;
         p->keys.k.text_len = p->keys.text.len;
         kvr_route_teach(p->route, p->w, &p->keys.k);
+        kvr_app_cluster_taught(p->app, p->route, p->w, &p->keys.k);
     }
     json_decref(reply);
 }
@@ -546,6 +557,7 @@ static void on_headers(void *ud, int status, const kvr_http_header *h, size_t n)
      * affinity as soon as the first answer starts; failed attempts teach nothing. */
     if (ok && teaches(p)) {
         kvr_route_teach(p->route, p->w, &p->keys.k);
+        kvr_app_cluster_taught(p->app, p->route, p->w, &p->keys.k);
         p->prefilling = 1;
         p->w->prefilling++;
     }
@@ -875,6 +887,7 @@ static int pick_with_room(preq *p, int process);
 static int pick_fixed(preq *p, int process);
 static void enqueue(preq *p);
 static int over_rate_limit(preq *p, const kvr_proxy_body *body);
+static void reply_rate_limited(preq *p);
 
 static void route_now(preq *p);
 
@@ -1015,15 +1028,66 @@ static preq *preq_new(kvr_app *app, kvr_http_req *r, kvr_endpoint ep, kvr_route 
 
 /* Rate limits, then routing (once the prompt's token ids are known, when the policy needs
  * them). */
+static void preq_continue(preq *p);
+
+/* The cross-replica count of the key's requests answered (cluster/cluster.h): 1 fits, 0
+ * refused, -1 unknown (Redis slow or down): then this replica allows its share of the
+ * limit, the limit divided by the live replicas, counted locally. */
+static void rate_answer(void *ud, int allowed, uint64_t retry_ms)
+{
+    preq *p = ud;
+    p->rate_op = NULL;
+    if (allowed < 0) {
+        size_t n = kvr_cluster_replicas(p->app->cluster);
+        uint64_t rpm = p->rl.limit_requests, used = rpm - p->rl.remaining_requests;
+        uint64_t share = (rpm + (n ? n : 1) - 1) / (n ? n : 1);
+        allowed = used <= share;
+        retry_ms = 60000 / (share ? share : 1);
+    }
+    if (!allowed) {
+        p->rl.remaining_requests = 0;
+        p->rl.retry_after_s = retry_ms ? (retry_ms + 999) / 1000 : 1;
+        reply_rate_limited(p);
+        return;
+    }
+    preq_continue(p);
+}
+
 static void preq_start(preq *p, const kvr_proxy_body *body)
 {
     kvr_app *app = p->app;
     if (over_rate_limit(p, body))
         return;
-    kvr_route_count_request(p->route, kvr_now_ms());
-    build_forward_headers(p);
     kvr_http_req_cbs cbs = {on_drain, on_client_gone};
     kvr_http_req_set_cbs(p->req, &cbs, p);
+    /* requests_per_minute counts across replicas: one bounded Redis round trip. */
+    if (app->cluster && p->rl.limited && p->rl.limit_requests) {
+        p->rate_op = kvr_cluster_rate(app->cluster, p->key, p->rl.limit_requests, 1,
+                                      rate_answer, p);
+        if (p->rate_op)
+            return;
+    }
+    preq_continue(p);
+}
+
+static void warm_over(void *ud)
+{
+    preq *p = ud;
+    p->warm_wait = NULL;
+    p->warm_waited = 1;
+    preq_continue(p);
+}
+
+static void preq_continue(preq *p)
+{
+    kvr_app *app = p->app;
+    /* A replica replaying the shared log routes once it knows what the others learned (a
+     * brief, bounded wait: --redis-warm-hold-ms). */
+    if (!p->warm_waited && kvr_cluster_holding(app->cluster) &&
+        (p->warm_wait = kvr_cluster_wait_warm(app->cluster, warm_over, p)))
+        return;
+    kvr_route_count_request(p->route, kvr_now_ms());
+    build_forward_headers(p);
     if (p->route->ops->uses_tokens && app->tokenizer && !p->fixed && fetch_tokens(p))
         return;
     route_now(p);
@@ -1082,7 +1146,7 @@ static size_t exclude_full(preq *p, size_t *ex, size_t cap)
     memcpy(ex, p->tried, n * sizeof(*ex));
     for (size_t i = 0; i < p->route->ntargets && n < cap; i++) {
         const kvr_worker *w = p->route->targets[i].worker;
-        if (w->max_inflight && (uint64_t)w->inflight >= w->max_inflight)
+        if (w->max_inflight && (uint64_t)kvr_worker_load(w) >= w->max_inflight)
             ex[n++] = w->id;
     }
     return n;
@@ -1097,7 +1161,7 @@ static int pick_fixed(preq *p, int process)
     if (!t || w->removed || !w->healthy || !kvr_breaker_admits(&w->breaker))
         return -1;
     if ((process && p->app->cfg.max_inflight && g_inflight >= p->app->cfg.max_inflight) ||
-        (w->max_inflight && (uint64_t)w->inflight >= w->max_inflight))
+        (w->max_inflight && (uint64_t)kvr_worker_load(w) >= w->max_inflight))
         return 0;
     p->pick = (kvr_pick){.worker = w, .decision = "session_id_match", .match = -1,
                          .chosen_match = -1, .predicted_tokens = -1};
@@ -1246,6 +1310,13 @@ static int over_rate_limit(preq *p, const kvr_proxy_body *body)
     p->rl_tokens = token_estimate(p, body);
     if (!kvr_ratelimit_take(app->ratelimits, p->key, p->rl_tokens, kvr_now_ms(), &p->rl))
         return 0;
+    reply_rate_limited(p);
+    return 1;
+}
+
+static void reply_rate_limited(preq *p)
+{
+    kvr_app *app = p->app;
     kvr_http_header h[8];
     char ra[24];
     snprintf(ra, sizeof(ra), "%llu", (unsigned long long)p->rl.retry_after_s);
@@ -1260,7 +1331,6 @@ static int over_rate_limit(preq *p, const kvr_proxy_body *body)
                           "requests", NULL, "rate_limit_exceeded", h, n);
     p->rl.limited = 0;
     preq_free(p);
-    return 1;
 }
 
 /* The body for the current target: the client's bytes, or a copy whose `model` value names

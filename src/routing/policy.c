@@ -67,7 +67,7 @@ kvr_worker *kvr_policy_least_loaded_w(kvr_worker *const *eligible, const double 
     for (size_t i = 0; i < n; i++) {
         kvr_worker *w = eligible[i];
         double ww = weights ? weights[i] : 1;
-        double a = (double)w->inflight * bw, b = best ? (double)best->inflight * ww : 0;
+        double a = (double)kvr_worker_load(w) * bw, b = best ? (double)kvr_worker_load(best) * ww : 0;
         if (!best || a < b) {
             best = w;
             bw = ww;
@@ -119,7 +119,7 @@ kvr_load_bound kvr_load_bound_make(kvr_worker *const *eligible, size_t n, const 
         return b;
     double total = 0, wsum = 0;
     for (size_t i = 0; i < n; i++) {
-        total += (double)(eligible[i]->inflight > 0 ? eligible[i]->inflight : 0);
+        total += (double)(kvr_worker_load(eligible[i]) > 0 ? kvr_worker_load(eligible[i]) : 0);
         wsum += kvr_policy_weight(k, i);
     }
     b.scale = factor * (total + 1) / wsum;
@@ -133,7 +133,7 @@ int kvr_load_bound_over(const kvr_load_bound *b, const kvr_worker *w, double wei
     /* The epsilon keeps an exact integer bound (1.25 × 16 / 4 = 5) from rounding up to 6 when
      * the weight share is not exactly representable. */
     double cap = ceil(b->scale * weight - 1e-9);
-    return (double)w->inflight + 1 > cap;
+    return (double)kvr_worker_load(w) + 1 > cap;
 }
 
 void kvr_load_bound_rows(kvr_worker *const *eligible, size_t n, const kvr_route_keys *k,
@@ -142,6 +142,6 @@ void kvr_load_bound_rows(kvr_worker *const *eligible, size_t n, const kvr_route_
     kvr_load_bound b = kvr_load_bound_make(eligible, n, k, factor);
     for (size_t i = 0; i < n; i++)
         rows[i] = (kvr_explain_row){
-            .worker = eligible[i], .match = -1, .inflight = eligible[i]->inflight,
+            .worker = eligible[i], .match = -1, .inflight = kvr_worker_load(eligible[i]),
             .overloaded = kvr_load_bound_over(&b, eligible[i], kvr_policy_weight(k, i))};
 }

@@ -50,6 +50,24 @@ typedef struct kvr_pick {
                                 (what its prefill_start/prefill_end account), 0 = n/a */
 } kvr_pick;
 
+/** What another kvroute replica taught a worker (the shared routing log, cluster/cluster.h),
+ *  applied as if this replica had routed that request itself. All borrowed for the call. */
+typedef struct kvr_learned {
+    const void *session;       /**< the session key as policies see it in a cluster (its
+                                    16-byte digest, proxy/keys.h), NULL = none */
+    size_t session_len;        /**< bytes */
+    uint64_t age_ms;           /**< how long ago that request was answered (its last use) */
+    uint64_t ttl_ms;           /**< the teaching replica's session TTL (0 = unknown): the
+                                    binding is dropped when older than it or than our own */
+    const uint64_t *keys;      /**< the routing text's block keys (prefix_index.h), in order */
+    size_t nkeys;
+    size_t block_bytes;        /**< the block size they were cut with (other sizes ignored) */
+    int correct;               /**< 1: not a teaching but a correction: the worker lost the
+                                    block keys[0] (and, an LRU cache, what it used no later);
+                                    its cap drops to what is left, not below keep_blocks */
+    size_t keep_blocks;
+} kvr_learned;
+
 /** Tunables shared by the policies (flags). */
 typedef struct kvr_policy_cfg {
     double cache_threshold;        /**< min match ratio for prefix_match (0.5) */
@@ -183,6 +201,9 @@ typedef struct kvr_policy_ops {
      *  prefill (a body that is not streamed arrives whole). Called exactly once per
      *  prefill_start, with its `tokens` and the `ahead` it returned. */
     void (*prefill_end)(void *self, kvr_worker *w, double tokens, double ahead, double ms);
+    /** Optional: another replica taught `w` (kvr_learned): bind the session and record the
+     *  block keys as teach() would have. Policies that learn nothing leave it NULL. */
+    void (*learn)(void *self, kvr_worker *w, const kvr_learned *l);
 } kvr_policy_ops;
 
 /** Looks a policy up by name ("round_robin", "random", "least_load", "power_of_two",

@@ -204,7 +204,7 @@ static int score_exact(ca_state *s, kvr_worker *const *el, size_t n, const kvr_r
 
 static int overloaded(const ca_state *s, const kvr_worker *w, int64_t min_load)
 {
-    double load = (double)w->inflight, min = (double)min_load;
+    double load = (double)kvr_worker_load(w), min = (double)min_load;
     return load - min > s->cfg.balance_abs_threshold &&
            load > min * s->cfg.balance_rel_threshold;
 }
@@ -289,10 +289,10 @@ static int decide(ca_state *s, kvr_worker *const *el, size_t n, const kvr_route_
     const char *text = k ? k->text : NULL, *sess = k ? k->session : NULL;
     size_t tlen = text ? k->text_len : 0, slen = sess ? k->session_len : 0;
 
-    int64_t min_load = el[0]->inflight;
+    int64_t min_load = kvr_worker_load(el[0]);
     for (size_t i = 1; i < n; i++)
-        if (el[i]->inflight < min_load)
-            min_load = el[i]->inflight;
+        if (kvr_worker_load(el[i]) < min_load)
+            min_load = kvr_worker_load(el[i]);
 
     if (tlen) {
         for (size_t i = 0; i < n; i++)
@@ -320,7 +320,7 @@ static int decide(ca_state *s, kvr_worker *const *el, size_t n, const kvr_route_
                 .worker = el[i],
                 .matched_bytes = s->matched[i],
                 .match = tlen || s->exact[i] ? s->ratio[i] : -1,
-                .inflight = el[i]->inflight,
+                .inflight = kvr_worker_load(el[i]),
                 .overloaded = overloaded(s, el[i], min_load),
                 .session_owner = has_owner && el[i]->id == owner_id,
                 .kv_blocks = s->kv_run[i],
@@ -374,10 +374,10 @@ static int decide(ca_state *s, kvr_worker *const *el, size_t n, const kvr_route_
         for (size_t i = 0; i < n; i++) {
             if (s->ratio[i] != top || overloaded(s, el[i], min_load))
                 continue;
-            if (pick == n || el[i]->inflight < el[pick]->inflight) {
+            if (pick == n || kvr_worker_load(el[i]) < kvr_worker_load(el[pick])) {
                 pick = i;
                 ties = 1;
-            } else if (el[i]->inflight == el[pick]->inflight && kvr_rand_below(++ties) == 0) {
+            } else if (kvr_worker_load(el[i]) == kvr_worker_load(el[pick]) && kvr_rand_below(++ties) == 0) {
                 pick = i;
             }
         }
@@ -452,6 +452,28 @@ static void ca_teach(void *self, kvr_worker *w, const kvr_route_keys *k)
     if (k && k->text && k->text_len)
         kvr_prefix_index_insert(s->index, w->id, k->text, k->text_len);
     kvr_session_map_sweep(s->sessions, now, TEACH_SWEEP);
+}
+
+/* What another replica taught: the same bindings as ca_teach, from block keys and a session
+ * digest. A session older than the TTL is not bound (it would have expired here too). */
+static void ca_learn(void *self, kvr_worker *w, const kvr_learned *l)
+{
+    ca_state *s = self;
+    uint64_t now = kvr_now_ms();
+    sync_capacity(s, w);
+    if (l->correct) {
+        if (l->nkeys && l->block_bytes == s->cfg.block_bytes)
+            kvr_prefix_index_correct_key(s->index, w->id, l->keys[0], l->keep_blocks);
+        return;
+    }
+    uint64_t ttl_ms = s->cfg.session_ttl_s * 1000;
+    if (l->ttl_ms && (!ttl_ms || l->ttl_ms < ttl_ms))
+        ttl_ms = l->ttl_ms;
+    if (l->session && l->session_len && (!ttl_ms || l->age_ms < ttl_ms))
+        kvr_session_map_bind(s->sessions, l->session, l->session_len, w->id,
+                             now > l->age_ms ? now - l->age_ms : 0);
+    if (l->nkeys && l->block_bytes == s->cfg.block_bytes)
+        kvr_prefix_index_insert_keys(s->index, w->id, l->keys, l->nkeys);
 }
 
 /* Self-correcting index (optimistic with fallback): the index predicted chosen_match of the
@@ -589,7 +611,7 @@ static void *precise_create(const kvr_policy_cfg *cfg, const char *model)
     .pick = ca_pick, .teach = ca_teach, .forget_worker = ca_forget, .destroy = ca_destroy,     \
     .uses_keys = 1, .explain = kvr_cache_aware_explain, .stats = kvr_cache_aware_stats_get,    \
     .worker_stats = kvr_cache_aware_worker_stats_get, .sweep = kvr_cache_aware_sweep,          \
-    .retune = ca_retune, .correct = ca_correct
+    .retune = ca_retune, .correct = ca_correct, .learn = ca_learn
 
 const kvr_policy_ops kvr_policy_precise = {
     .name = "precise",

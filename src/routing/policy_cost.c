@@ -230,6 +230,7 @@ const kvr_policy_ops kvr_policy_cost = {
     .create = cost_create,
     .pick = cost_pick,
     .teach = kvr_scored_teach,
+    .learn = kvr_scored_learn,
     .forget_worker = cost_forget,
     .destroy = cost_destroy,
     .uses_keys = 1,

@@ -79,8 +79,8 @@ static int compare(rank ra, const kvr_worker *a, rank rb, const kvr_worker *b)
         return ra.tier > rb.tier ? -1 : 1;
     if (ra.free != rb.free)
         return ra.free > rb.free ? -1 : 1;
-    if (a->inflight != b->inflight)
-        return a->inflight < b->inflight ? -1 : 1;
+    if (kvr_worker_load(a) != kvr_worker_load(b))
+        return kvr_worker_load(a) < kvr_worker_load(b) ? -1 : 1;
     return 0;
 }
 

@@ -106,6 +106,7 @@ const kvr_policy_ops kvr_policy_pipeline = {
     .create = pl_create,
     .pick = pl_pick,
     .teach = kvr_scored_teach,
+    .learn = kvr_scored_learn,
     .forget_worker = kvr_scored_forget,
     .destroy = pl_destroy,
     .uses_keys = 1,

@@ -108,7 +108,7 @@ static int rr_explain(void *self, kvr_worker *const *el, size_t n, const kvr_rou
     if (!n || rr_reserve(s, el, n) < 0)
         return -1;
     for (size_t i = 0; i < n; i++)
-        rows[i] = (kvr_explain_row){.worker = el[i], .match = -1, .inflight = el[i]->inflight};
+        rows[i] = (kvr_explain_row){.worker = el[i], .match = -1, .inflight = kvr_worker_load(el[i])};
     out->worker = el[rr_choose(s, el, n, k, 0)];
     out->decision = "round_robin";
     out->match = -1;
@@ -157,8 +157,8 @@ static int p2_pick(void *self, kvr_worker *const *el, size_t n, const kvr_route_
         b++;
     kvr_worker *wa = el[a], *wb = el[b];
     /* in-flight / weight compared as cross products: exact for equal weights */
-    double la = (double)wa->inflight * kvr_policy_weight(k, b);
-    double lb = (double)wb->inflight * kvr_policy_weight(k, a);
+    double la = (double)kvr_worker_load(wa) * kvr_policy_weight(k, b);
+    double lb = (double)kvr_worker_load(wb) * kvr_policy_weight(k, a);
     if (la != lb)
         out->worker = la < lb ? wa : wb;
     else

@@ -240,7 +240,7 @@ int kvr_route_explain(kvr_route *r, const kvr_route_keys *k, const char *pin, si
         rc = r->ops->pick(r->state->policy, r->scratch, n, &kw, out);
         for (size_t i = 0; i < n; i++)
             r->rows[i] = (kvr_explain_row){.worker = r->scratch[i], .match = -1,
-                                           .inflight = r->scratch[i]->inflight};
+                                           .inflight = kvr_worker_load(r->scratch[i])};
     }
     for (size_t i = 0; rc == 0 && i < n; i++) {
         const kvr_route_target *t = kvr_route_target_of(r, r->rows[i].worker);
@@ -256,6 +256,12 @@ void kvr_route_teach(kvr_route *r, kvr_worker *w, const kvr_route_keys *k)
 {
     if (!w->removed && r->ops->teach)
         r->ops->teach(r->state->policy, w, k);
+}
+
+void kvr_route_learn(kvr_route *r, kvr_worker *w, const kvr_learned *l)
+{
+    if (!w->removed && r->ops->learn && kvr_route_target_of(r, w))
+        r->ops->learn(r->state->policy, w, l);
 }
 
 int kvr_route_correct(kvr_route *r, kvr_worker *w, const kvr_route_keys *k, const kvr_pick *pick,

@@ -99,6 +99,10 @@ const kvr_route_target *kvr_route_target_of(const kvr_route *r, const kvr_worker
 /** Worker `w` answered 2xx headers for a request with keys `k`: learn it (nothing for a
  *  worker that was removed meanwhile). */
 void kvr_route_teach(kvr_route *r, kvr_worker *w, const kvr_route_keys *k);
+/** Another replica taught `w` (the shared routing log): the policy learns it as it would
+ *  have from kvr_route_teach. Nothing when `w` is not a target of `r`, was removed, or the
+ *  policy learns nothing. */
+void kvr_route_learn(kvr_route *r, kvr_worker *w, const kvr_learned *l);
 /** Worker `w`, chosen by `pick` (approximate index), reported `cached` of `prompt` prompt
  *  tokens cached, off the prediction by more than one block: the policy corrects what it
  *  learned (cache_aware and precise: self-correcting index, policy_cache_aware.h) and, when it

@@ -91,7 +91,7 @@ void kvr_scored_row(const kvr_scored *b, kvr_worker *const *el, size_t i, int se
         .worker = el[i],
         .matched_bytes = s->matched_bytes,
         .match = (k && k->text_len) || s->exact ? s->ratio : -1,
-        .inflight = el[i]->inflight,
+        .inflight = kvr_worker_load(el[i]),
         .session_owner = (int)i == session_idx,
         .kv_blocks = s->kv_blocks,
         .trust = events ? kvr_kv_trust_name(kvr_kv_events_trust(kv, el[i]->id)) : NULL,
@@ -102,6 +102,11 @@ void kvr_scored_row(const kvr_scored *b, kvr_worker *const *el, size_t i, int se
 void kvr_scored_teach(void *self, kvr_worker *w, const kvr_route_keys *k)
 {
     base_ops->teach(((kvr_scored *)self)->ca, w, k);
+}
+
+void kvr_scored_learn(void *self, kvr_worker *w, const kvr_learned *l)
+{
+    base_ops->learn(((kvr_scored *)self)->ca, w, l);
 }
 
 void kvr_scored_forget(void *self, kvr_worker *w)

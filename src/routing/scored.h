@@ -41,6 +41,7 @@ void kvr_scored_row(const kvr_scored *b, kvr_worker *const *el, size_t i, int se
 /* Delegating ops (self = a state that begins with a kvr_scored). */
 void kvr_scored_teach(void *self, kvr_worker *w, const kvr_route_keys *k);
 void kvr_scored_forget(void *self, kvr_worker *w);
+void kvr_scored_learn(void *self, kvr_worker *w, const kvr_learned *l);
 void kvr_scored_stats(void *self, kvr_policy_stats *out);
 void kvr_scored_worker_stats(void *self, size_t worker_id, kvr_policy_worker_stats *out);
 size_t kvr_scored_sweep(void *self, size_t max);

@@ -130,7 +130,7 @@ void kvr_scorers_eval(kvr_worker *const *el, size_t n, const double *weights, co
     double max_rel = 0, max_w = 0, qmin = HUGE_VAL, qmax = -HUGE_VAL;
     for (size_t i = 0; i < n; i++) {
         double wt = weights ? weights[i] : 1;
-        double rel = (double)(el[i]->inflight > 0 ? el[i]->inflight : 0) / wt;
+        double rel = (double)(kvr_worker_load(el[i]) > 0 ? kvr_worker_load(el[i]) : 0) / wt;
         max_rel = rel > max_rel ? rel : max_rel;
         max_w = wt > max_w ? wt : max_w;
         if (el[i]->queue >= 0) {
@@ -141,7 +141,7 @@ void kvr_scorers_eval(kvr_worker *const *el, size_t n, const double *weights, co
     for (size_t i = 0; i < n; i++) {
         const kvr_worker *w = el[i];
         double wt = weights ? weights[i] : 1;
-        double rel = (double)(w->inflight > 0 ? w->inflight : 0) / wt;
+        double rel = (double)(kvr_worker_load(w) > 0 ? kvr_worker_load(w) : 0) / wt;
         v[i][KVR_SCORER_PREFIX] = ratio ? clamp01(ratio[i]) : 0;
         v[i][KVR_SCORER_SESSION] = (int)i == session_idx;
         v[i][KVR_SCORER_LOAD] = max_rel > 0 ? 1 - rel / max_rel : 1;

@@ -37,6 +37,9 @@ typedef struct kvr_worker {
     size_t nmodels;
     int64_t inflight;       /**< upstream attempts in progress (DESIGN §4 step 6: changed only
                                  by kvr_worker_acquire/release) */
+    int64_t remote_inflight; /**< the other kvroute replicas' attempts in flight here, as
+                                  they last published them (cluster/cluster.h; 0 without
+                                  Redis): added to `inflight` by every load decision */
     int64_t prefilling;     /**< attempts whose 2xx headers taught the prefix index but whose
                                  first body byte has not come (the proxy's): what they taught
                                  may not be cached there yet */
@@ -75,6 +78,13 @@ typedef struct kvr_worker {
 static inline int kvr_worker_eligible(const kvr_worker *w)
 {
     return w->healthy && !w->draining && !w->removed && kvr_breaker_admits(&w->breaker);
+}
+
+/** The load every routing decision reads: this replica's attempts in flight at `w` plus the
+ *  other replicas' (remote_inflight; DESIGN §13). */
+static inline int64_t kvr_worker_load(const kvr_worker *w)
+{
+    return w->inflight + w->remote_inflight;
 }
 
 /** What lmcache_aware knows of a worker's cache at `now_ms` (monotonic). */

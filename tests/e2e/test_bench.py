@@ -105,6 +105,32 @@ def test_replay_reports_what_the_worker_saw(stub, tmp_path):
     assert j["ttft_s"]["p50"] is not None and j["ttft_s"]["p50"] <= j["e2e_s"]["p99"]
 
 
+@pytest.mark.parametrize("spread", ["round_robin", "random"])
+def test_several_urls_share_the_requests_per_request(stub, tmp_path, spread):
+    """--url repeated (router replicas behind a balancer): every request goes to one of them,
+    per request (a session's turns move), in round robin or at random."""
+    urls = [stub(), stub(), stub()]
+    trace = tau_trace(tmp_path / "tau.jsonl", conversations=10, turns=3)
+    out = tmp_path / "out.json"
+    args = []
+    for u in urls:
+        args += ["--url", u]
+    r = bench(*args, "--spread", spread, "--trace", str(trace), "--format", "tau",
+              "--concurrency", "1", "--think-ms", "0", "--session-header-share", "0",
+              "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    j = json.loads(out.read_text())
+    assert j["requests"] == j["ok"] == 30
+    counts = [metrics(u)["stub_requests_total"] for u in urls]
+    assert sum(counts) == 30
+    if spread == "round_robin":
+        assert counts == [10, 10, 10], counts
+    else:
+        assert all(c >= 3 for c in counts), counts
+    assert [j["workers"][u]["requests"] for u in urls] == counts
+    assert j["config"]["urls"] == urls and j["config"]["spread"] == spread
+
+
 def test_without_router_the_url_is_the_worker(stub, tmp_path):
     url = stub()
     trace = tau_trace(tmp_path / "tau.jsonl", conversations=2, turns=2)

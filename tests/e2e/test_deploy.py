@@ -96,7 +96,10 @@ def test_configmap_config_passes_check(rendered, tmp_path):
     text = cm["data"]["kvroute.yaml"]
     cfg = yaml.safe_load(text)
     assert cfg["discovery"]["kubernetes"]["service"]
-    assert "redis" not in cfg  # a commented line until kvroute reads it (issue 19)
+    # the replicas share state through the manifests' Redis Service
+    redis = one(rendered, "Service", "kvroute-redis")
+    port = redis["spec"]["ports"][0]["port"]
+    assert cfg["redis"]["url"] == f"redis://kvroute-redis:{port}"
     f = tmp_path / "kvroute.yaml"
     f.write_text(text)
     p = subprocess.run([str(KVROUTE_BIN), "--check", "--config", str(f)], capture_output=True,

@@ -170,6 +170,27 @@ static void test_think_time(void **state)
     assert_float_equal(sum / 20000, 1000, 50); /* exponential with mean 1000 ms */
 }
 
+/* --spread random: every URL gets about as many requests, the same ones for the same seed, and
+ * a turn's URL does not follow its session's (a load balancer spreads per request). */
+static void test_spread_pick(void **state)
+{
+    (void)state;
+    enum { N = 30000, U = 3 };
+    size_t per[U] = {0}, same_as_turn0 = 0;
+    for (size_t i = 0; i < N; i++) {
+        size_t u = kvr_bench_spread_pick(7, i / 10, i % 10, U);
+        assert_true(u < U);
+        assert_int_equal(u, kvr_bench_spread_pick(7, i / 10, i % 10, U));
+        per[u]++;
+        same_as_turn0 += u == kvr_bench_spread_pick(7, i / 10, 0, U);
+    }
+    for (int u = 0; u < U; u++)
+        assert_true(per[u] > N / U * 0.95 && per[u] < N / U * 1.05);
+    assert_true(same_as_turn0 < N / 2);
+    for (size_t i = 0; i < 100; i++)
+        assert_int_equal(kvr_bench_spread_pick(1, i, 0, 1), 0);
+}
+
 /* --bypass-share: the share of requests bypassed is close to the share asked, each of the
  * workers gets about as many, and the choice is a pure function of (seed, session, turn). */
 static void test_bypass_pick(void **state)
@@ -214,6 +235,7 @@ int main(void)
         cmocka_unit_test(test_header_sessions),
         cmocka_unit_test(test_think_time),
         cmocka_unit_test(test_bypass_pick),
+        cmocka_unit_test(test_spread_pick),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
