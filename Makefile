@@ -162,7 +162,7 @@ image-test:
 deps:
 	bash scripts/install-deps.sh
 
-demo: deps all
+demo: deps $(PROGS)
 	bash scripts/demo.sh
 
 clean:
