@@ -729,6 +729,13 @@ static void check_k8s(const kvr_config *c, kvr_errlist *errs)
         if (c->routes[i].k8s_service && !kvr_k8s_dns_label(c->routes[i].k8s_service))
             kvr_errlist_add(errs, "route '%s': service '%.64s': not a Service name (a DNS label)",
                             c->routes[i].name, c->routes[i].k8s_service);
+    const char *ports[][2] = {{"--k8s-port", c->k8s.port},
+                              {"--k8s-kv-events-port", c->k8s.kv_port},
+                              {"--k8s-kv-replay-port", c->k8s.kv_replay_port}};
+    for (size_t i = 0; i < sizeof(ports) / sizeof(ports[0]); i++)
+        if (ports[i][1] && !kvr_k8s_port_ok(ports[i][1]))
+            kvr_errlist_add(errs, "%s '%.64s': not a port (1-65535, or a port name)",
+                            ports[i][0], ports[i][1]);
     if (c->k8s.api_url && strncmp(c->k8s.api_url, "https://", 8) != 0 &&
         strncmp(c->k8s.api_url, "http://", 7) != 0)
         kvr_errlist_add(errs, "--k8s-api-url %.200s: expected https://HOST[:PORT]",

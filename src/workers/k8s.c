@@ -34,7 +34,7 @@ typedef struct watcher {
     uv_timer_t timer;
     phase next;         /* what the timer starts */
     uint64_t backoff_ms;
-    char err_state[96]; /* "" while fine; the last error logged */
+    char err_state[400]; /* "" while fine; the last error logged */
 } watcher;
 
 struct kvr_k8s {
@@ -63,6 +63,32 @@ void kvr_k8s_cfg_default(kvr_k8s_cfg *c)
     c->max_event_bytes = 4u << 20;
     c->max_list_bytes = 32u << 20;
     c->max_endpoints = 1000;
+}
+
+int kvr_k8s_port_ok(const char *s)
+{
+    size_t n = s ? strlen(s) : 0;
+    if (n == 0)
+        return 0;
+    int digits = 1, letter = 0;
+    for (size_t i = 0; i < n; i++) {
+        digits &= s[i] >= '0' && s[i] <= '9';
+        letter |= s[i] >= 'a' && s[i] <= 'z';
+    }
+    if (digits) {
+        if (n > 5)
+            return 0;
+        long v = strtol(s, NULL, 10);
+        return v >= 1 && v <= 65535;
+    }
+    /* IANA_SVC_NAME, as Kubernetes validates port names: 1-15 of a-z, 0-9 and '-', at least
+     * one letter, no '-' at either end, no "--". */
+    if (n > 15 || !letter || s[0] == '-' || s[n - 1] == '-' || strstr(s, "--"))
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '-'))
+            return 0;
+    return 1;
 }
 
 int kvr_k8s_dns_label(const char *s)
@@ -316,8 +342,8 @@ static void on_done(void *ud, kvr_upstream_err err, const char *msg, int got_hea
     }
     if (!got_headers || (err != KVR_UP_OK && w->status == 200 && ph == PH_LIST)) {
         kvr_buf_free(&w->body);
-        char what[96];
-        snprintf(what, sizeof(what), "%s: %.60s", kvr_upstream_err_name(err), msg ? msg : "");
+        char what[360];
+        snprintf(what, sizeof(what), "%s: %.300s", kvr_upstream_err_name(err), msg ? msg : "");
         fail(w, what);
         return;
     }

@@ -71,6 +71,11 @@ void kvr_k8s_cfg_default(kvr_k8s_cfg *c);
  *  ending with '-'), else 0. */
 int kvr_k8s_dns_label(const char *s);
 
+/** 1 when `s` (NUL-terminated; NULL counts as empty) is a port as an EndpointSlice names
+ *  it: a number 1-65535, or a port name (IANA_SVC_NAME: 1-15 of a-z, 0-9 and '-', at least
+ *  one letter, no '-' at either end, no "--"), else 0. */
+int kvr_k8s_port_ok(const char *s);
+
 /** What the owner does with what the watch finds. Called on the loop. */
 typedef struct kvr_k8s_hooks {
     /** A ready endpoint of `service` appeared: add worker `url` named `name` (the pod; the URL when the

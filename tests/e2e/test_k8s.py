@@ -250,6 +250,26 @@ def test_config_file_discovery_section(tmp_path):
     assert p.returncode == 1 and "My_Service" in p.stdout, p.stdout
 
 
+def test_check_refuses_ports_that_are_not_ports(tmp_path):
+    """--check (and the start) refuse a port that no EndpointSlice can name: out of range,
+    zero, negative, or a name Kubernetes would refuse; numbers and IANA names pass."""
+    def check(extra_yaml="", flags=()):
+        f = tmp_path / "k.yaml"
+        f.write_text("model: m\ndiscovery:\n  kubernetes:\n    service: vllm\n" + extra_yaml)
+        return subprocess.run([str(KVROUTE_BIN), "--check", "--config", str(f), *flags],
+                              capture_output=True, text=True, timeout=10)
+    for bad in ("99999", "0", "-3", "Http", "a--b", "-http", "sixteen-letters-x"):
+        p = check("    port: \"%s\"\n" % bad)
+        assert p.returncode == 1 and "not a port" in p.stdout and bad in p.stdout, (bad, p.stdout)
+    p = check("    kv_events_port: \"-3\"\n")
+    assert p.returncode == 1 and "--k8s-kv-events-port" in p.stdout, p.stdout
+    p = check(flags=("--k8s-port", "0"))
+    assert p.returncode == 1 and "--k8s-port" in p.stdout, p.stdout
+    for good in ("8000", "65535", "http", "kv-events", "h2c"):
+        p = check("    port: \"%s\"\n" % good)
+        assert p.returncode == 0, (good, p.stdout + p.stderr)
+
+
 def test_k8s_worker_survives_sigterm_drain(api, stub, kvroute):
     """A discovered fleet drains like any other (the watch is stopped cleanly)."""
     a = stub()
