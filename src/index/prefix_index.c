@@ -1194,23 +1194,16 @@ void kvr_prefix_index_match_use(kvr_prefix_index *ix, size_t worker, size_t matc
     }
 }
 
-long kvr_prefix_index_correct(kvr_prefix_index *ix, size_t worker, const kvr_prefix_use *use,
-                              size_t block, size_t keep_blocks)
+/* Drops what worker `wl` used no later than `threshold` and lowers its learned capacity to
+ * what is left (at least `keep_blocks`, at least 1); returns the holdings dropped. Stamps grow
+ * from the tail to the head: what was used no later than the threshold is a tail segment,
+ * dropped in O(its length). Holdings touched since have newer stamps and stay, whatever they
+ * held then. */
+static long drop_used_until(kvr_prefix_index *ix, uint32_t wl, uint32_t threshold,
+                            size_t keep_blocks)
 {
-    long wl = worker_find(ix, worker);
-    if (wl < 0 || !use->runs || ix->w[wl].gen != use->gen)
-        return -1; /* unknown, or forgotten since the snapshot: its old entries are gone */
-    uint32_t r = 0;
-    while (r < use->runs && use->end[r] <= block)
-        r++;
-    if (r == use->runs)
-        return -1;
-    uint32_t threshold = use->stamp[r];
     wrec *w = &ix->w[wl];
     long dropped = 0;
-    /* Stamps grow from the tail to the head: what was used no later than the threshold is a
-     * tail segment, dropped in O(its length). Holdings touched since the snapshot have newer
-     * stamps and stay, whatever they held then. */
     while (w->tail != NIL) {
         uint32_t t = w->tail;
         if (!stamp_le(ix->sh[t >> LOCAL_BITS].st[t & LOCAL_MASK], threshold))
@@ -1232,6 +1225,20 @@ long kvr_prefix_index_correct(kvr_prefix_index *ix, size_t worker, const kvr_pre
     return dropped;
 }
 
+long kvr_prefix_index_correct(kvr_prefix_index *ix, size_t worker, const kvr_prefix_use *use,
+                              size_t block, size_t keep_blocks)
+{
+    long wl = worker_find(ix, worker);
+    if (wl < 0 || !use->runs || ix->w[wl].gen != use->gen)
+        return -1; /* unknown, or forgotten since the snapshot: its old entries are gone */
+    uint32_t r = 0;
+    while (r < use->runs && use->end[r] <= block)
+        r++;
+    if (r == use->runs)
+        return -1;
+    return drop_used_until(ix, (uint32_t)wl, use->stamp[r], keep_blocks);
+}
+
 long kvr_prefix_index_correct_key(kvr_prefix_index *ix, size_t worker, uint64_t key,
                                   size_t keep_blocks)
 {
@@ -1239,27 +1246,7 @@ long kvr_prefix_index_correct_key(kvr_prefix_index *ix, size_t worker, uint64_t 
     uint32_t threshold;
     if (wl < 0 || !stamp_of(ix, (uint32_t)wl, fp_of(key), &threshold))
         return -1;
-    wrec *w = &ix->w[wl];
-    long dropped = 0;
-    while (w->tail != NIL) {
-        uint32_t t = w->tail;
-        if (!stamp_le(ix->sh[t >> LOCAL_BITS].st[t & LOCAL_MASK], threshold))
-            break;
-        lru_unlink(ix, w, t);
-        w->count--;
-        if (table_remove(ix, t))
-            ix->keys--;
-        dropped++;
-    }
-    ix->corrected += (uint64_t)dropped;
-    size_t floor = w->count > keep_blocks ? w->count : keep_blocks;
-    if (!floor)
-        floor = 1;
-    if (floor < eff_cap(ix, w)) {
-        w->learned = floor;
-        update_need(ix);
-    }
-    return dropped;
+    return drop_used_until(ix, (uint32_t)wl, threshold, keep_blocks);
 }
 
 void kvr_prefix_index_raise_capacity(kvr_prefix_index *ix, size_t worker, size_t blocks)
