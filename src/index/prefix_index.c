@@ -62,6 +62,8 @@
 #define MAX_KICKS 128            /* cuckoo random-walk length before a shard counts as full */
 #define SEED0 0x6b76726f75746531ull /* seed of block 0's key; any fixed value works */
 #define MATCH_BATCH 16           /* blocks hashed ahead of their probes, to prefetch buckets */
+#define BISECT_WORKERS 8         /* up to this many workers, match bisects each one's run
+                                    (O(log blocks) probes each); more share one linear walk */
 #define SWEEP_EVERY (1u << 21)   /* insert calls between two shards' age sweeps: each shard is
                                     swept every 256 × 2^21 = 2^29 calls */
 #define MAX_AGE (1u << 29)       /* a sweep makes older stamps this old: so no stamp is ever
@@ -104,8 +106,15 @@ struct kvr_prefix_index {
     uint64_t corrected;          /* holdings dropped by corrections */
     uint32_t clock;              /* +1 per insert call: the use stamp it gives what it touches */
     uint32_t wgen;               /* records made so far */
-    size_t match_n;              /* chain[0..match_n) = the last match's fingerprints; 0 once
-                                    an insert reused the scratch */
+    size_t chain_n;              /* chain[0..chain_n) = the block keys of the text below */
+    size_t chain_len;            /* that text's bytes; 0 = the chain is no text's (insert_keys) */
+    char *chain_text;            /* a copy of that text: a request's insert after its match
+                                    recognises the same bytes (memcmp, far cheaper than hashing
+                                    them) and hashes no block again */
+    size_t chain_text_alloc;
+    int match_valid;             /* the chain is the last match's, no insert since (match_use) */
+    uint32_t *touch;             /* scratch: slots of the held run an insert touches */
+    size_t touch_alloc;
     wrec *w;
     size_t nw;                   /* records allocated (used or free) */
     uint32_t *ext2int;           /* registry id -> internal index + 1; 0 = none */
@@ -279,6 +288,8 @@ void kvr_prefix_index_destroy(kvr_prefix_index *ix)
     free(ix->w);
     free(ix->ext2int);
     free(ix->chain);
+    free(ix->touch);
+    free(ix->chain_text);
     free(ix->cset);
     free(ix->want);
     free(ix);
@@ -845,6 +856,78 @@ static int grow_chain(kvr_prefix_index *ix, size_t n)
     return 0;
 }
 
+/* Makes ix->chain name the block keys of `text` (len > 0): kept when it already does (the
+ * same bytes, as a request's insert after its match), emptied otherwise. */
+static void chain_bind(kvr_prefix_index *ix, const void *text, size_t len)
+{
+    if (ix->chain_len == len && !memcmp(ix->chain_text, text, len))
+        return;
+    ix->chain_n = 0;
+    ix->chain_len = 0;
+    if (len > ix->chain_text_alloc) {
+        char *p = realloc(ix->chain_text, len);
+        if (!p)
+            return; /* the chain then names no text: the next call hashes again */
+        ix->chain_text = p;
+        ix->chain_text_alloc = len;
+    }
+    memcpy(ix->chain_text, text, len);
+    ix->chain_len = len;
+}
+
+/* Hashes the bound text's block keys up to block `upto` (exclusive). -1 when memory ran out. */
+static int chain_hash(kvr_prefix_index *ix, const char *p, size_t len, size_t upto)
+{
+    if (upto <= ix->chain_n)
+        return 0;
+    if (grow_chain(ix, upto) < 0)
+        return -1;
+    size_t B = ix->block_bytes;
+    uint64_t seed = ix->chain_n ? ix->chain[ix->chain_n - 1] : SEED0;
+    for (size_t i = ix->chain_n; i < upto; i++) {
+        size_t off = i * B, bl = len - off < B ? len - off : B;
+        seed = XXH3_64bits_withSeed(p + off, bl, seed);
+        ix->chain[i] = seed;
+    }
+    ix->chain_n = upto;
+    return 0;
+}
+
+static int holds(const kvr_prefix_index *ix, uint32_t wi, size_t block)
+{
+    kfind f;
+    key_find(ix, fp_of(ix->chain[block]), wi, &f);
+    return f.slot != NIL;
+}
+
+/* Leading blocks of the chain's first `n` that worker slot `wi` holds. What a worker holds is
+ * prefix-closed (header), so galloping then bisecting finds the run's end in O(log n) probes
+ * instead of one per block. Hashes the chain as far as it probes when `text` is given (else it
+ * must be hashed to n already). SIZE_MAX when memory ran out. */
+static size_t held_run(kvr_prefix_index *ix, uint32_t wi, const char *text, size_t len, size_t n)
+{
+    size_t good = 0, bad = n, step = 1;
+    while (good < bad) {
+        size_t x = good + step - 1 < bad ? good + step - 1 : bad - 1;
+        if (text && chain_hash(ix, text, len, x + 1) < 0)
+            return SIZE_MAX;
+        if (!holds(ix, wi, x)) {
+            bad = x;
+            break;
+        }
+        good = x + 1;
+        step *= 2;
+    }
+    while (good < bad) {
+        size_t x = good + (bad - good) / 2;
+        if (holds(ix, wi, x))
+            good = x + 1;
+        else
+            bad = x;
+    }
+    return good;
+}
+
 /* The set of fingerprints of ix->chain[0..m), for the eviction rule in insert. */
 static int cset_build(kvr_prefix_index *ix, size_t m)
 {
@@ -903,14 +986,14 @@ int kvr_prefix_index_insert(kvr_prefix_index *ix, size_t worker, const void *tex
         return -1;
     uint32_t wi = (uint32_t)wl;
     clock_advance(ix, 1);
-    ix->match_n = 0; /* the chain scratch is overwritten below */
+    ix->match_valid = 0;
     size_t B = ix->block_bytes, nblocks = (len + B - 1) / B;
     size_t cap = eff_cap(ix, &ix->w[wi]);
     /* Blocks past the cap would be evicted again at once (they are the least recent). */
     size_t m = nblocks < cap ? nblocks : cap;
-    if (grow_chain(ix, m) < 0)
+    chain_bind(ix, text, len);
+    if (chain_hash(ix, text, len, m) < 0)
         return -1;
-    kvr_prefix_index_block_keys(B, text, len, ix->chain, m);
     return insert_chain(ix, wi, m, cap);
 }
 
@@ -924,7 +1007,8 @@ int kvr_prefix_index_insert_keys(kvr_prefix_index *ix, size_t worker, const uint
         return -1;
     uint32_t wi = (uint32_t)wl;
     clock_advance(ix, 1);
-    ix->match_n = 0;
+    ix->match_valid = 0;
+    ix->chain_len = ix->chain_n = 0; /* the chain becomes these keys, no text's */
     size_t cap = eff_cap(ix, &ix->w[wi]);
     size_t m = n < cap ? n : cap;
     if (grow_chain(ix, m) < 0)
@@ -933,12 +1017,95 @@ int kvr_prefix_index_insert_keys(kvr_prefix_index *ix, size_t worker, const uint
     return insert_chain(ix, wi, m, cap);
 }
 
+/* Touches the first `h` blocks of the chain, which worker slot `wi` holds, making block 0 its
+ * most recent holding and each next block the one after it. A worker's last insert of a text
+ * left its blocks consecutive in its LRU list, in that order: the slots are found by
+ * following the list (one probe per break in it), and each consecutive stretch is moved as a
+ * whole. Returns -1, changing nothing, when a block is not held after all (a hole: holdings
+ * are not prefix-closed after a group overflowed) or memory ran out. */
+static int touch_run(kvr_prefix_index *ix, uint32_t wi, size_t h)
+{
+    if (h > ix->touch_alloc) {
+        size_t a = ix->touch_alloc ? ix->touch_alloc : 64;
+        while (a < h)
+            a *= 2;
+        uint32_t *p = realloc(ix->touch, a * sizeof(*p));
+        if (!p)
+            return -1;
+        ix->touch = p;
+        ix->touch_alloc = a;
+    }
+    uint32_t *id = ix->touch;
+    for (size_t k = 0; k < h; k++) {
+        uint64_t fp = fp_of(ix->chain[k]);
+        uint32_t nx = k ? at(ix, id[k - 1])->next : NIL;
+        if (nx != NIL && KW_FP(at(ix, nx)->kw) == fp) {
+            id[k] = nx;
+            continue;
+        }
+        kfind f;
+        key_find(ix, fp, wi, &f);
+        if (f.slot == NIL)
+            return -1;
+        id[k] = f.slot;
+    }
+    /* Last stretch first, each to the head: block 0 ends up most recent. A stretch is what is
+     * linked in block order now (after the moves of the later ones). */
+    wrec *w = &ix->w[wi];
+    for (size_t end = h; end > 0;) {
+        size_t start = end - 1;
+        while (start > 0 && at(ix, id[start - 1])->next == id[start])
+            start--;
+        uint32_t a = id[start], b = id[end - 1];
+        if (w->head != a) {
+            slot *sa = at(ix, a), *sb = at(ix, b);
+            if (sa->prev != NIL)
+                at(ix, sa->prev)->next = sb->next;
+            else
+                w->head = sb->next;
+            if (sb->next != NIL)
+                at(ix, sb->next)->prev = sa->prev;
+            else
+                w->tail = sa->prev;
+            sa->prev = NIL;
+            sb->next = w->head;
+            if (w->head != NIL)
+                at(ix, w->head)->prev = b;
+            else
+                w->tail = b;
+            w->head = a;
+        }
+        for (size_t k = start; k < end; k++)
+            ix->sh[id[k] >> LOCAL_BITS].st[id[k] & LOCAL_MASK] = ix->clock;
+        end = start;
+    }
+    return 0;
+}
+
+static int insert_blocks(kvr_prefix_index *ix, uint32_t wi, size_t from, size_t m, size_t cap);
+
 static int insert_chain(kvr_prefix_index *ix, uint32_t wi, size_t m, size_t cap)
+{
+    /* The usual insert repeats a text the worker mostly holds (the next turn of its
+     * conversation): only the blocks past its held run are looked up one by one. */
+    size_t h = ix->w[wi].count ? held_run(ix, wi, NULL, 0, m) : 0;
+    int rc = insert_blocks(ix, wi, h, m, cap);
+    if (rc == 0 && h && touch_run(ix, wi, h) < 0)
+        rc = insert_blocks(ix, wi, 0, h, cap);
+    while (ix->w[wi].count > cap)
+        evict_one(ix, wi);
+    enforce_global_cap(ix);
+    return rc;
+}
+
+/* Records blocks [from, m) of the chain under worker slot `wi`, one lookup each (the cap rule
+ * below protects all m blocks of the text). */
+static int insert_blocks(kvr_prefix_index *ix, uint32_t wi, size_t from, size_t m, size_t cap)
 {
     int rc = 0, have_set = 0;
     /* Last block first: each block ends up more recent than everything after it. */
-    for (size_t k = m; k-- > 0;) {
-        if (k >= 8)
+    for (size_t k = m; k-- > from;) {
+        if (k >= from + 8)
             prefetch_buckets(ix, fp_of(ix->chain[k - 8]));
         uint64_t fp = fp_of(ix->chain[k]);
         kfind f;
@@ -1004,9 +1171,6 @@ static int insert_chain(kvr_prefix_index *ix, uint32_t wi, size_t m, size_t cap)
         lru_push_head(ix, w, s);
     }
 out:
-    while (ix->w[wi].count > cap)
-        evict_one(ix, wi);
-    enforce_global_cap(ix);
     return rc;
 }
 
@@ -1014,9 +1178,26 @@ void kvr_prefix_index_match(kvr_prefix_index *ix, const void *text, size_t len,
                             const size_t *workers, size_t n, size_t *matched)
 {
     memset(matched, 0, n * sizeof(*matched));
-    ix->match_n = 0;
+    ix->match_valid = 0;
     if (!len || !n || !ix->used)
         return;
+    size_t B = ix->block_bytes, nblocks = (len + B - 1) / B;
+    /* The chain's keys are kept for kvr_prefix_index_match_use(), which then probes only the
+     * chosen worker's few LRU run boundaries, and for the insert that usually follows. */
+    chain_bind(ix, text, len);
+    if (n <= BISECT_WORKERS) {
+        for (size_t j = 0; j < n; j++) {
+            long wi = worker_find(ix, workers[j]);
+            if (wi < 0 || !ix->w[wi].count)
+                continue;
+            size_t h = held_run(ix, (uint32_t)wi, text, len, nblocks);
+            if (h == SIZE_MAX)
+                return;
+            matched[j] = h == nblocks ? len : h * B;
+        }
+        ix->match_valid = 1;
+        return;
+    }
     size_t known = 0;
     for (size_t j = 0; j < n; j++) {
         long wi = worker_find(ix, workers[j]);
@@ -1027,26 +1208,17 @@ void kvr_prefix_index_match(kvr_prefix_index *ix, const void *text, size_t len,
     }
     if (!known)
         return;
-
-    const char *p = text;
-    size_t B = ix->block_bytes, nblocks = (len + B - 1) / B;
     const uint32_t *want = ix->want;
-    uint64_t seed = SEED0;
-    /* The fingerprints are kept for kvr_prefix_index_match_use(), which then probes only the
-     * chosen worker's few LRU run boundaries instead of hashing the text again. */
-    int keep = grow_chain(ix, nblocks) == 0;
     uint64_t fps[MATCH_BATCH];
     const slot *bp1[MATCH_BATCH], *bp2[MATCH_BATCH];
-    /* Hash a batch of blocks ahead (the chain is sequential but cheap) and prefetch their two
-     * buckets each, so the table's cache misses overlap instead of adding up. */
+    /* Many workers: one walk serves them all. Hash a batch of blocks ahead and prefetch their
+     * two buckets each, so the table's cache misses overlap instead of adding up. */
     for (size_t i = 0; i < nblocks; i += MATCH_BATCH) {
         size_t cnt = nblocks - i < MATCH_BATCH ? nblocks - i : MATCH_BATCH;
+        if (chain_hash(ix, text, len, i + cnt) < 0)
+            goto done;
         for (size_t k = 0; k < cnt; k++) {
-            size_t off = (i + k) * B, bl = len - off < B ? len - off : B;
-            seed = XXH3_64bits_withSeed(p + off, bl, seed);
-            fps[k] = fp_of(seed);
-            if (keep)
-                ix->chain[i + k] = fps[k];
+            fps[k] = fp_of(ix->chain[i + k]);
             const shard *sh = &ix->sh[shard_of(fps[k])];
             size_t b1, b2;
             pair_of(sh->nb, fps[k], 0, &b1, &b2);
@@ -1055,8 +1227,6 @@ void kvr_prefix_index_match(kvr_prefix_index *ix, const void *text, size_t len,
             __builtin_prefetch(bp1[k]);
             __builtin_prefetch(bp2[k]);
         }
-        if (keep)
-            ix->match_n = i + cnt;
         for (size_t k = 0; k < cnt; k++) {
             size_t off = (i + k) * B, bl = len - off < B ? len - off : B, ext = 0;
             uint64_t fp = fps[k];
@@ -1084,9 +1254,11 @@ void kvr_prefix_index_match(kvr_prefix_index *ix, const void *text, size_t len,
                 b[1] = sh->slots + b2 * BUCKET;
             }
             if (!ext)
-                goto done;
+                goto walked;
         }
     }
+walked:
+    ix->match_valid = 1;
 done:
     for (size_t j = 0; j < n; j++) {
         long wi = worker_find(ix, workers[j]);
@@ -1139,22 +1311,22 @@ void kvr_prefix_index_match_use(kvr_prefix_index *ix, size_t worker, size_t matc
     memset(out, 0, sizeof(*out));
     long wl = worker_find(ix, worker);
     size_t m = (matched + ix->block_bytes - 1) / ix->block_bytes;
-    if (wl < 0 || !m || m > ix->match_n || m > UINT32_MAX)
+    if (wl < 0 || !m || !ix->match_valid || m > ix->chain_n || m > UINT32_MAX)
         return;
     uint32_t wi = (uint32_t)wl;
-    const uint64_t *fp = ix->chain;
+    const uint64_t *key = ix->chain;
     out->gen = ix->w[wi].gen;
     /* Stamps never increase along the chain (an insert touching a block touches its ancestors
      * in the same call), so each run of equal stamps is found by galloping then bisecting:
      * O(runs × log blocks) probes, 2 for the usual single run. */
     size_t lo = 0;
     uint32_t s_lo;
-    if (!stamp_of(ix, wi, fp[0], &s_lo))
+    if (!stamp_of(ix, wi, fp_of(key[0]), &s_lo))
         return;
     while (lo < m) {
         uint32_t s_last;
         size_t r = out->runs;
-        while (!stamp_of(ix, wi, fp[m - 1], &s_last))
+        while (!stamp_of(ix, wi, fp_of(key[m - 1]), &s_last))
             m--; /* not held after all (an eviction since the match): the chain ends sooner */
         if (m <= lo)
             break;
@@ -1171,7 +1343,7 @@ void kvr_prefix_index_match_use(kvr_prefix_index *ix, size_t worker, size_t matc
         uint32_t sx;
         while (eq + step < ne) {
             size_t x = eq + step;
-            if (!stamp_of(ix, wi, fp[x], &sx) || sx != s_lo) {
+            if (!stamp_of(ix, wi, fp_of(key[x]), &sx) || sx != s_lo) {
                 ne = x;
                 break;
             }
@@ -1180,7 +1352,7 @@ void kvr_prefix_index_match_use(kvr_prefix_index *ix, size_t worker, size_t matc
         }
         while (ne - eq > 1) {
             size_t x = eq + (ne - eq) / 2;
-            if (!stamp_of(ix, wi, fp[x], &sx) || sx != s_lo)
+            if (!stamp_of(ix, wi, fp_of(key[x]), &sx) || sx != s_lo)
                 ne = x;
             else
                 eq = x;
@@ -1189,7 +1361,7 @@ void kvr_prefix_index_match_use(kvr_prefix_index *ix, size_t worker, size_t matc
         out->stamp[r] = s_lo;
         out->runs = (uint32_t)r + 1;
         lo = ne;
-        if (!stamp_of(ix, wi, fp[lo], &s_lo))
+        if (!stamp_of(ix, wi, fp_of(key[lo]), &s_lo))
             break; /* a hole in the chain: what follows cannot be vouched for */
     }
 }
@@ -1304,5 +1476,6 @@ void kvr_prefix_index_stats_get(const kvr_prefix_index *ix, kvr_prefix_index_sta
     out->memory_bytes = sizeof(*ix) + out->table_slots * (sizeof(slot) + sizeof(uint32_t)) +
                         ix->nw * (sizeof(wrec) + sizeof(uint32_t)) +
                         ix->next_alloc * sizeof(uint32_t) + ix->chain_alloc * sizeof(uint64_t) +
-                        ix->cset_alloc * sizeof(uint64_t);
+                        ix->cset_alloc * sizeof(uint64_t) + ix->chain_text_alloc +
+                        ix->touch_alloc * sizeof(uint32_t);
 }

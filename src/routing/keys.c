@@ -584,8 +584,12 @@ int kvr_route_text_build(const json_t *body, kvr_route_kind kind, kvr_buf *out)
 size_t kvr_route_text_preamble(const char *text, size_t len)
 {
     static const char tag[] = {RS, 'u', 's', 'e', 'r'};
-    for (const char *p = text, *end = text + len;
-         (p = memmem(p, (size_t)(end - p), tag, sizeof(tag)));) {
+    /* RS opens each message: memchr skips the text between them at memory speed. */
+    for (const char *p = text, *end = text + len; (p = memchr(p, RS, (size_t)(end - p)));) {
+        if ((size_t)(end - p) < sizeof(tag) || memcmp(p, tag, sizeof(tag))) {
+            p++;
+            continue;
+        }
         const char *after = p + sizeof(tag);
         p = after;
         if (after < end && *after == GS)

@@ -46,14 +46,10 @@ void kvr_text_cache_stats(const kvr_text_cache *c, uint64_t *hits, uint64_t *mis
     *misses = c ? c->misses : 0;
 }
 
-/* A walk of one body: the writer, the body, and a scratch buffer that decodes escaped
- * strings (grown to the longest one, freed at the end: one allocation per request at most
- * rather than one per string). */
+/* A walk of one body: the writer and the body. */
 typedef struct ctx {
     kvr_text_writer w;
     const char *buf;
-    char *scratch;
-    size_t scap;
 } ctx;
 
 static int done(const ctx *c)
@@ -70,20 +66,23 @@ static void put_string(ctx *c, const kvr_json_span *s)
     }
     if (done(c))
         return;
-    if (c->scap < s->len) { /* decoded bytes never outnumber the quoted ones */
-        size_t n = c->scap ? c->scap : 4096;
-        while (n < s->len)
-            n *= 2;
-        free(c->scratch); /* nothing to keep: no realloc copy */
-        if (!(c->scratch = malloc(n))) {
-            c->scap = 0;
-            c->w.oom = 1;
-            return;
-        }
-        c->scap = n;
+    /* Decoded straight into the text: decoded bytes never outnumber the quoted ones, and the
+     * 16 more leave room for the decoder's wide stores. The text's cap cuts as
+     * kvr_text_put does. */
+    kvr_buf *b = c->w.b;
+    if (kvr_buf_reserve(b, s->len + 16) < 0) {
+        c->w.oom = 1;
+        return;
     }
-    size_t n = kvr_json_span_string(c->buf, s, c->scratch, c->scap);
-    kvr_text_put(&c->w, c->scratch, n);
+    size_t room = b->alloc - b->len - 1;
+    size_t n = kvr_json_span_string(c->buf, s, b->data + b->len, room);
+    size_t keep = n < room ? n : room;
+    if (b->cap && keep > b->cap - b->len)
+        keep = b->cap - b->len;
+    b->len += keep;
+    b->data[b->len] = '\0';
+    if (keep < n)
+        c->w.cut = 1;
 }
 
 /* The value of a span as a jansson value (the body was scanned: only memory can fail).
@@ -338,7 +337,6 @@ static void put_tools(ctx *c, const kvr_json_span *tools, const kvr_json_span *f
 
 static int finish(ctx *c)
 {
-    free(c->scratch);
     return c->w.oom ? -1 : c->w.cut ? 1 : 0;
 }
 

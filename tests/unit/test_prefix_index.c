@@ -206,6 +206,17 @@ static void run_model(size_t nw, size_t cap, int rounds, uint64_t seed)
         kvr_prefix_index_match(ix, buf, n, ws, nw, got);
         for (size_t i = 0; i < nw; i++)
             assert_int_equal(got[i], model_match(&mw[i], keys, nk, n));
+        /* The probed text routed and taught, as a request is: the insert reuses the keys its
+         * match hashed (and, for a worker holding most of it, touches the held run at once). */
+        if (x & 1) {
+            size_t to = (x >> 20) % nw;
+            assert_int_equal(kvr_prefix_index_insert(ix, to, buf, n), 0);
+            model_insert(&mw[to], keys, nk);
+            assert_int_equal(kvr_prefix_index_worker_blocks(ix, to), mw[to].n);
+            kvr_prefix_index_match(ix, buf, n, ws, nw, got);
+            for (size_t i = 0; i < nw; i++)
+                assert_int_equal(got[i], model_match(&mw[i], keys, nk, n));
+        }
     }
     kvr_prefix_index_stats st;
     kvr_prefix_index_stats_get(ix, &st);
