@@ -10,7 +10,8 @@
  * and the same end: complete with nothing after it, complete with bytes after it (a body
  * longer than its framing), or an error. The dry run (kvr_resp_check_rest) made at the head
  * must agree with what the real parse then finds in the same read: when it reports a problem,
- * the response cannot end cleanly. */
+ * the response cannot end cleanly. The whole input is parsed a third time with the fast path
+ * off (http_parser for every byte): the fast path must give the very same outcome. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -24,7 +25,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 enum { END_CLEAN = 1, END_EXCESS, END_ERROR };
 
 typedef struct outcome {
-    int status, end, heads;
+    int status, end, heads, keep_alive;
     kvr_buf hdrs, body;
 } outcome;
 
@@ -108,7 +109,17 @@ static void run(const char *p, size_t n, const size_t *cuts, size_t ncuts, int h
         __builtin_trap();
     if (dry_bad && o->end == END_CLEAN)
         __builtin_trap(); /* the dry run saw a problem the parse then did not */
+    o->keep_alive = kvr_resp_keep_alive(&r);
     kvr_resp_free(&r);
+}
+
+static int same(const outcome *a, const outcome *b)
+{
+    return a->end == b->end && a->heads == b->heads && a->status == b->status &&
+           a->keep_alive == b->keep_alive && a->hdrs.len == b->hdrs.len &&
+           (!a->hdrs.len || !memcmp(a->hdrs.data, b->hdrs.data, a->hdrs.len)) &&
+           a->body.len == b->body.len &&
+           (!a->body.len || !memcmp(a->body.data, b->body.data, a->body.len));
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -135,20 +146,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             last = c;
         }
     }
-    outcome a = {0}, b = {0};
-    kvr_buf_init(&a.hdrs, 0);
-    kvr_buf_init(&a.body, 0);
-    kvr_buf_init(&b.hdrs, 0);
-    kvr_buf_init(&b.body, 0);
-    run(p, n, NULL, 0, head_req, &a);
-    run(p, n, cuts, nc, head_req, &b);
-    if (a.end != b.end || a.heads != b.heads || a.status != b.status ||
-        a.hdrs.len != b.hdrs.len || (a.hdrs.len && memcmp(a.hdrs.data, b.hdrs.data, a.hdrs.len)) ||
-        a.body.len != b.body.len || (a.body.len && memcmp(a.body.data, b.body.data, a.body.len)))
-        __builtin_trap();
-    kvr_buf_free(&a.hdrs);
-    kvr_buf_free(&a.body);
-    kvr_buf_free(&b.hdrs);
-    kvr_buf_free(&b.body);
+    outcome o[3];
+    memset(o, 0, sizeof(o));
+    for (int i = 0; i < 3; i++) {
+        kvr_buf_init(&o[i].hdrs, 0);
+        kvr_buf_init(&o[i].body, 0);
+    }
+    run(p, n, NULL, 0, head_req, &o[0]);
+    run(p, n, cuts, nc, head_req, &o[1]);
+    kvr_resp_fast_path(0);
+    run(p, n, NULL, 0, head_req, &o[2]);
+    kvr_resp_fast_path(1);
+    for (int i = 1; i < 3; i++)
+        if (!same(&o[0], &o[i]))
+            __builtin_trap();
+    for (int i = 0; i < 3; i++) {
+        kvr_buf_free(&o[i].hdrs);
+        kvr_buf_free(&o[i].body);
+    }
     return 0;
 }

@@ -182,6 +182,161 @@ static int on_message_complete(http_parser *p)
     return 0;
 }
 
+static const char k_excess[] = "bytes after the end of the response (a body longer than its "
+                               "Content-Length)";
+
+/* ---- fast path ---- */
+
+/* Heads up to this size are tried on the fast path (typical ones are 150-400 bytes). */
+#define FAST_HEAD_MAX 8192
+
+static int g_fast = 1;
+
+void kvr_resp_fast_path(int on)
+{
+    g_fast = on;
+}
+
+static int tchar(unsigned char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           (c && strchr("!#$%&'*+-.^_`|~", c));
+}
+
+/* A field value's bytes as http_parser (2.9.4, non-strict) takes them without a doubt:
+ * visible, blank or obs-text; never CR, LF, NUL or another control byte. */
+static int value_ok(const char *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)v[i];
+        if ((c < 0x20 && c != '\t') || c == 0x7f)
+            return 0;
+    }
+    return 1;
+}
+
+static int ieq(const char *a, size_t n, const char *lit)
+{
+    return strlen(lit) == n && strncasecmp(a, lit, n) == 0;
+}
+
+/* Connection's tokens: *close when one is "close"; 0 (not for the fast path) on "upgrade". */
+static int connection_ok(const char *v, size_t n, int *close)
+{
+    const char *end = v + n;
+    while (v < end) {
+        const char *c = memchr(v, ',', (size_t)(end - v));
+        const char *e = c ? c : end, *a = v, *b = e;
+        while (a < b && is_ows(*a))
+            a++;
+        while (b > a && is_ows(b[-1]))
+            b--;
+        if (ieq(a, (size_t)(b - a), "close"))
+            *close = 1;
+        else if (ieq(a, (size_t)(b - a), "upgrade"))
+            return 0;
+        v = c ? c + 1 : end;
+    }
+    return 1;
+}
+
+/* Reads a whole head at data (the response's first bytes) when it is the usual kind (see the
+ * header); returns its length, or 0 to leave everything to http_parser. */
+static size_t fast_head(kvr_resp *r, const char *data, size_t len)
+{
+    if (len < 17 || memcmp(data, "HTTP/1.1 ", 9) != 0)
+        return 0;
+    const char *end = memmem(data, len < FAST_HEAD_MAX ? len : FAST_HEAD_MAX, "\r\n\r\n", 4);
+    if (!end)
+        return 0;
+    for (int i = 9; i < 12; i++)
+        if (data[i] < '0' || data[i] > '9')
+            return 0;
+    int status = (data[9] - '0') * 100 + (data[10] - '0') * 10 + (data[11] - '0');
+    if (status < 200 || status > 599 || status == 204 || status == 304 || data[12] != ' ')
+        return 0;
+    const char *nl = memchr(data + 12, '\n', (size_t)(end + 2 - (data + 12)));
+    if (!nl || nl[-1] != '\r' || !value_ok(data + 13, (size_t)(nl - 1 - (data + 13))))
+        return 0;
+    /* the fields, copied as one block: the names and values point into it */
+    const char *fields = nl + 1;
+    size_t flen = (size_t)(end + 2 - fields);
+    clear_head(r);
+    if (kvr_buf_append(&r->head, fields, flen) < 0)
+        return 0;
+    const char *p = r->head.data, *stop = p + flen;
+    unsigned long long cl = 0;
+    int have_cl = 0, close = 0;
+    while (p < stop) {
+        const char *le = memchr(p, '\n', (size_t)(stop - p));
+        if (!le || le == p || le[-1] != '\r')
+            goto slow;
+        const char *colon = memchr(p, ':', (size_t)(le - 1 - p));
+        if (!colon || colon == p)
+            goto slow;
+        for (const char *q = p; q < colon; q++)
+            if (!tchar((unsigned char)*q))
+                goto slow;
+        const char *v = colon + 1, *ve = le - 1;
+        if (!value_ok(v, (size_t)(ve - v)))
+            goto slow;
+        while (v < ve && is_ows(*v))
+            v++;
+        while (ve > v && is_ows(ve[-1]))
+            ve--;
+        size_t nl2 = (size_t)(colon - p), vl = (size_t)(ve - v);
+        if (ieq(p, nl2, "content-length")) {
+            if (have_cl || !vl || vl > 18)
+                goto slow;
+            for (size_t i = 0; i < vl; i++) {
+                if (v[i] < '0' || v[i] > '9')
+                    goto slow;
+                cl = cl * 10 + (unsigned long long)(v[i] - '0');
+            }
+            have_cl = 1;
+        } else if (ieq(p, nl2, "transfer-encoding")) {
+            goto slow;
+        } else if (ieq(p, nl2, "connection") && !connection_ok(v, vl, &close)) {
+            goto slow;
+        }
+        if (grow(r) < 0)
+            goto slow;
+        r->hdrs[r->nhdrs++] = (kvr_http_header){p, nl2, v, vl};
+        p = le + 1;
+    }
+    if (!have_cl || !cl)
+        goto slow; /* a body to the close, or none: http_parser's rules */
+    r->status = status;
+    r->head_done = 1;
+    r->fast = 1;
+    r->fast_close = close;
+    r->remaining = cl;
+    return (size_t)(end + 4 - data);
+slow:
+    clear_head(r);
+    return 0;
+}
+
+/* The body of a fast-path response: counted off. Like http_parser's (see the top), the last
+ * piece leaves its last byte to be fed again, which then ends the response. */
+static kvr_resp_ev fast_feed(kvr_resp *r, size_t len, size_t *used, const char *data,
+                             const char **piece, size_t *piece_len)
+{
+    if (!len)
+        return KVR_RESP_MORE;
+    if (!r->remaining) {
+        *used = 1;
+        r->done = 1;
+        return KVR_RESP_DONE;
+    }
+    size_t n = len < r->remaining ? len : (size_t)r->remaining;
+    r->remaining -= n;
+    *piece = data;
+    *piece_len = n;
+    *used = r->remaining ? n : n - 1;
+    return KVR_RESP_BODY;
+}
+
 static const http_parser_settings settings = {
     .on_header_field = on_header_field,
     .on_header_value = on_header_value,
@@ -208,6 +363,8 @@ void kvr_resp_reset(kvr_resp *r, int head_request)
     r->ev = -1;
     r->piece = NULL;
     r->piece_len = 0;
+    r->fed = r->fast = r->fast_close = 0;
+    r->remaining = 0;
     clear_head(r);
 }
 
@@ -253,8 +410,18 @@ kvr_resp_ev kvr_resp_feed(kvr_resp *r, const char *data, size_t len, size_t *use
         return KVR_RESP_ERROR;
     if (r->done)
         return KVR_RESP_DONE;
+    if (r->fast)
+        return fast_feed(r, len, used, data, piece, piece_len);
     if (!len)
         return KVR_RESP_MORE; /* a zero-length execute means EOF to http_parser */
+    if (!r->fed && g_fast && !r->skip_body) {
+        size_t n = fast_head(r, data, len);
+        if (n) {
+            *used = n;
+            return KVR_RESP_HEAD;
+        }
+    }
+    r->fed = 1;
     r->ev = -1;
     r->p.data = r;
     size_t n = http_parser_execute(&r->p, &settings, data, len);
@@ -282,6 +449,11 @@ kvr_resp_ev kvr_resp_eof(kvr_resp *r)
     if (!r->head_done) {
         r->failed = 1;
         r->err = "connection closed before the response head ended";
+        return KVR_RESP_ERROR;
+    }
+    if (r->fast) {
+        r->failed = 1;
+        r->err = "connection closed before the response body ended";
         return KVR_RESP_ERROR;
     }
     r->ev = -1;
@@ -337,6 +509,13 @@ int kvr_resp_check_rest(const kvr_resp *r, const char *data, size_t len, const c
 {
     if (!len || r->failed || r->done)
         return 0;
+    if (r->fast) {
+        if (len > r->remaining) {
+            *why = k_excess;
+            return -1;
+        }
+        return 0;
+    }
     http_parser p = r->p;
     dry d = {0};
     p.data = &d;
@@ -345,7 +524,7 @@ int kvr_resp_check_rest(const kvr_resp *r, const char *data, size_t len, const c
     enum http_errno e = HTTP_PARSER_ERRNO(&p);
     if (e == HPE_PAUSED && d.done) {
         if (n < len) {
-            *why = "bytes after the end of the response (a body longer than its Content-Length)";
+            *why = k_excess;
             return -1;
         }
         return 0;
@@ -359,5 +538,7 @@ int kvr_resp_check_rest(const kvr_resp *r, const char *data, size_t len, const c
 
 int kvr_resp_keep_alive(const kvr_resp *r)
 {
+    if (r->fast)
+        return r->done && !r->failed && !r->fast_close;
     return r->done && !r->failed && http_should_keep_alive(&r->p);
 }

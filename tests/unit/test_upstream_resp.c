@@ -74,6 +74,7 @@ static result both(const char *msg, int head_req, int eof)
     assert_int_equal(a.status, b.status);
     assert_int_equal(a.end, b.end);
     assert_int_equal(a.heads, b.heads);
+    assert_int_equal(a.keep, b.keep);
     assert_string_equal(a.hdrs, b.hdrs);
     assert_int_equal(a.body_len, b.body_len);
     assert_memory_equal(a.body, b.body, a.body_len);
@@ -218,6 +219,41 @@ static void test_check_rest(void **state)
     }
 }
 
+/* The usual head, whole in one read, is read by the fast path; fed a byte at a time (and with
+ * the fast path off) http_parser reads it: every outcome must be the same. */
+static void test_fast_path_agrees(void **state)
+{
+    (void)state;
+    static const char *const msgs[] = {
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 5\r\n\r\nhello",
+        "HTTP/1.1 200 OK\r\nContent-Length:  5 \r\nConnection: close\r\n\r\nhello",
+        "HTTP/1.1 503 Busy\r\nConnection: keep-alive\r\nContent-Length: 2\r\nX-E:\r\n\r\n{}",
+        "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: Upgrade\r\n\r\nhello",
+        "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhelloEXTRA",
+        "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello",
+        "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nBad Name: 1\r\n\r\nhello",
+        "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX: a\r\n b\r\n\r\nhello",
+        "HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nshort",
+    };
+    for (size_t i = 0; i < sizeof(msgs) / sizeof(*msgs); i++) {
+        result fast = both(msgs[i], 0, 1), slow;
+        kvr_resp_fast_path(0);
+        parse(msgs[i], 0, 0, 1, &slow);
+        kvr_resp_fast_path(1);
+        assert_int_equal(fast.status, slow.status);
+        assert_int_equal(fast.end, slow.end);
+        assert_int_equal(fast.keep, slow.keep);
+        assert_string_equal(fast.hdrs, slow.hdrs);
+        assert_int_equal(fast.body_len, slow.body_len);
+    }
+    result r = both(msgs[1], 0, 1);
+    assert_int_equal(r.end, 1);
+    assert_int_equal(r.keep, 0); /* Connection: close */
+    r = both(msgs[0], 0, 1);
+    assert_int_equal(r.keep, 1);
+    assert_int_equal(r.body_len, 5);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -228,6 +264,7 @@ int main(void)
         cmocka_unit_test(test_head_and_no_content),
         cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_check_rest),
+        cmocka_unit_test(test_fast_path_agrees),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
