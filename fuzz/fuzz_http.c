@@ -109,7 +109,7 @@ static uint64_t check_request(const kvr_http_conn *c, uint64_t h)
     for (size_t i = 0; i < nh; i++) {
         const kvr_http_header *hd = kvr_http_req_header_at(r, i);
         /* names are non-empty tokens, values NUL-terminated, without NUL or outer OWS */
-        if (!hd || !hd->name_len || !kvr_http__is_token(hd->name, hd->name_len) ||
+        if (!hd || !hd->name_len || !kvr_http_is_token(hd->name, hd->name_len) ||
             hd->name[hd->name_len] != '\0' || strlen(hd->value) != hd->value_len ||
             (hd->value_len && (ows(hd->value[0]) || ows(hd->value[hd->value_len - 1]))))
             __builtin_trap();

@@ -175,8 +175,6 @@ size_t kvr_http__execute(kvr_http_conn *c, const char *p, size_t n, int *res);
 /** Pre-scans header-block bytes (before http_parser sees them): counts bytes (414/431) and
  *  lines (431), rejects obs-fold and bare CR (400). Returns 0 or the status to answer. */
 int kvr_http__scan(kvr_http_conn *c, const char *p, size_t n);
-/** 1 when `p[0..n)` are all RFC 9110 tchar. */
-int kvr_http__is_token(const char *p, size_t n);
 /** 1 for the methods the proxy serves. */
 int kvr_http__method_allowed(unsigned method);
 /** Request-level rules at the end of the headers. Returns 0 or a status (message in *msg). */

@@ -194,7 +194,7 @@ static int on_header_field(http_parser *p, const char *at, size_t len)
             return -1;
         c->hs = 1;
     }
-    if (!kvr_http__is_token(at, len))
+    if (!kvr_http_is_token(at, len))
         return fail(c, 400, "invalid character in a header name");
     if (kvr_buf_append(&r->hbuf, at, len) < 0)
         return oom(c);

@@ -141,7 +141,7 @@ static int skip_header(const kvr_http_header *h)
         ieq(h->name, n, "connection", 10) || ieq(h->name, n, "keep-alive", 10) ||
         ieq(h->name, n, "date", 4))
         return 1;
-    if (n == 0 || !kvr_http__is_token(h->name, n)) {
+    if (n == 0 || !kvr_http_is_token(h->name, n)) {
         KVR_WARN("http: dropping response header with an invalid name");
         return 1;
     }

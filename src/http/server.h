@@ -180,4 +180,7 @@ void kvr_http_resp_simple(kvr_http_req *r, int status, const char *content_type,
 /** The standard reason phrase for `status` ("OK", "Not Found", ...), or "Unknown". */
 const char *kvr_http_reason(int status);
 
+/** 1 when `p[0..n)` are all RFC 9110 §5.6.2 tchar (a header name's bytes); 1 for n = 0. */
+int kvr_http_is_token(const char *p, size_t n);
+
 #endif

@@ -22,7 +22,7 @@ static inline int is_tchar(unsigned char ch)
     return g_tchar[ch]; /* a table: every header name of every request passes here */
 }
 
-int kvr_http__is_token(const char *p, size_t n)
+int kvr_http_is_token(const char *p, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         if (!is_tchar((unsigned char)p[i]))

@@ -197,28 +197,51 @@ void kvr_resp_fast_path(int on)
     g_fast = on;
 }
 
-static int tchar(unsigned char c)
-{
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           (c && strchr("!#$%&'*+-.^_`|~", c));
-}
-
 /* A field value's bytes as http_parser (2.9.4, non-strict) takes them without a doubt:
  * visible, blank or obs-text; never CR, LF, NUL or another control byte. */
+static const unsigned char g_value_bad[256] = {
+    [0x00 ... 0x08] = 1, [0x0a ... 0x1f] = 1, [0x7f] = 1,
+};
+
 static int value_ok(const char *v, size_t n)
 {
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)v[i];
-        if ((c < 0x20 && c != '\t') || c == 0x7f)
+    for (size_t i = 0; i < n; i++)
+        if (g_value_bad[(unsigned char)v[i]])
             return 0;
-    }
     return 1;
+}
+
+/* The CRLF CRLF that ends the head in data[0, len), or NULL. Line by line: heads are a few
+ * short lines, where memchr beats glibc's memmem by far. */
+static const char *head_end(const char *data, size_t len)
+{
+    for (const char *p = data, *stop = data + len; p < stop;) {
+        const char *nl = memchr(p, '\n', (size_t)(stop - p));
+        if (!nl || stop - nl < 3)
+            return NULL;
+        if (nl > data && nl[-1] == '\r' && nl[1] == '\r' && nl[2] == '\n')
+            return nl - 1;
+        p = nl + 1;
+    }
+    return NULL;
 }
 
 static int ieq(const char *a, size_t n, const char *lit)
 {
     return strlen(lit) == n && strncasecmp(a, lit, n) == 0;
 }
+
+/* Whether `a` (n bytes) starts with `lit` but is longer: http_parser matches the names and
+ * tokens it knows character by character, so near-misses are left to it. */
+static int longer_than(const char *a, size_t n, const char *lit)
+{
+    size_t l = strlen(lit);
+    return n > l && strncasecmp(a, lit, l) == 0;
+}
+
+/* The header names http_parser gives a meaning (2.9.4: h_matching_*). */
+static const char *const g_special[] = {"content-length", "transfer-encoding", "connection",
+                                        "proxy-connection", "upgrade"};
 
 /* Connection's tokens: *close when one is "close"; 0 (not for the fast path) on "upgrade". */
 static int connection_ok(const char *v, size_t n, int *close)
@@ -231,9 +254,11 @@ static int connection_ok(const char *v, size_t n, int *close)
             a++;
         while (b > a && is_ows(b[-1]))
             b--;
-        if (ieq(a, (size_t)(b - a), "close"))
+        size_t tl = (size_t)(b - a);
+        if (ieq(a, tl, "close"))
             *close = 1;
-        else if (ieq(a, (size_t)(b - a), "upgrade"))
+        else if (ieq(a, tl, "upgrade") || longer_than(a, tl, "close") ||
+                 longer_than(a, tl, "keep-alive") || longer_than(a, tl, "upgrade"))
             return 0;
         v = c ? c + 1 : end;
     }
@@ -246,7 +271,7 @@ static size_t fast_head(kvr_resp *r, const char *data, size_t len)
 {
     if (len < 17 || memcmp(data, "HTTP/1.1 ", 9) != 0)
         return 0;
-    const char *end = memmem(data, len < FAST_HEAD_MAX ? len : FAST_HEAD_MAX, "\r\n\r\n", 4);
+    const char *end = head_end(data, len < FAST_HEAD_MAX ? len : FAST_HEAD_MAX);
     if (!end)
         return 0;
     for (int i = 9; i < 12; i++)
@@ -274,9 +299,8 @@ static size_t fast_head(kvr_resp *r, const char *data, size_t len)
         const char *colon = memchr(p, ':', (size_t)(le - 1 - p));
         if (!colon || colon == p)
             goto slow;
-        for (const char *q = p; q < colon; q++)
-            if (!tchar((unsigned char)*q))
-                goto slow;
+        if (!kvr_http_is_token(p, (size_t)(colon - p)))
+            goto slow;
         const char *v = colon + 1, *ve = le - 1;
         if (!value_ok(v, (size_t)(ve - v)))
             goto slow;
@@ -285,16 +309,23 @@ static size_t fast_head(kvr_resp *r, const char *data, size_t len)
         while (ve > v && is_ows(ve[-1]))
             ve--;
         size_t nl2 = (size_t)(colon - p), vl = (size_t)(ve - v);
+        for (size_t i = 0; i < sizeof(g_special) / sizeof(*g_special); i++)
+            if (longer_than(p, nl2, g_special[i]))
+                goto slow;
         if (ieq(p, nl2, "content-length")) {
             if (have_cl || !vl || vl > 18)
                 goto slow;
+            for (const char *t = ve; t < le - 1; t++)
+                if (*t != ' ')
+                    goto slow; /* http_parser ends a length at a space only */
             for (size_t i = 0; i < vl; i++) {
                 if (v[i] < '0' || v[i] > '9')
                     goto slow;
                 cl = cl * 10 + (unsigned long long)(v[i] - '0');
             }
             have_cl = 1;
-        } else if (ieq(p, nl2, "transfer-encoding")) {
+        } else if (ieq(p, nl2, "transfer-encoding") || ieq(p, nl2, "proxy-connection") ||
+                   ieq(p, nl2, "upgrade")) {
             goto slow;
         } else if (ieq(p, nl2, "connection") && !connection_ok(v, vl, &close)) {
             goto slow;
