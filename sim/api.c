@@ -11,6 +11,7 @@
 
 #include "dp.h"
 #include "embed.h"
+#include "reqlog.h"
 #include "respstore.h"
 #include "routing/anthropic.h"
 #include "template.h"
@@ -32,6 +33,8 @@ struct kvr_sim_api {
     size_t neng;
     kvr_sim_dp dp;
     kvr_sim_faults *faults;
+    kvr_sim_pd *pd;
+    kvr_sim_reqlog *log;
     kvr_metrics *reg;
     kvr_sim_pieces *pieces;        /* NULL with --detokenize-cache-entries 0 */
     kvr_sim_resp_store *responses;
@@ -72,6 +75,18 @@ typedef struct sim_req {
     long events;
     uint64_t arrival_ns, last_token_ns, gen_seed;
     resp_extra *rx; /* K_RESPONSE only */
+    /* prefill/decode (pd.h) */
+    kvr_sim_xfer_params xp;   /* what the request asked of the transfer */
+    kvr_sim_pd_part part;     /* the part this sim plays in it */
+    uint32_t *prompt;         /* prefill: the prompt, to hold its blocks at the first token */
+    int held;                 /* prefill: the hold was attempted */
+    long held_blocks;         /* prefill: blocks held (0: the parameters were dropped) */
+    kvr_buf kvparams;         /* prefill: the answer's kv_transfer_params object */
+    kvr_sim_pd_fetch *fetch;  /* decode: the transfer, then the blocks it holds */
+    int fetch_pending;        /* decode: waiting for the transfer before the engine */
+    int xfer_result;          /* decode: 0 none, 1 fetched, 2 failed (recomputed) */
+    size_t xfer_blocks;
+    json_t *log;              /* its /sim/requests entry (a reference), or NULL */
 } sim_req;
 
 /* ---- small writers ---- */
@@ -195,10 +210,24 @@ static void free_rx(resp_extra *x)
     free(x);
 }
 
+/* Ends the transfer side of a request: a pending fetch is cancelled, fetched blocks held for
+ * it are released. */
+static void end_fetch(sim_req *r)
+{
+    kvr_sim_pd_fetch_end(r->fetch);
+    r->fetch = NULL;
+    r->fetch_pending = 0;
+}
+
 static void maybe_free(sim_req *r)
 {
-    if (r->http || r->seq || r->timer_open || r->in_cb)
+    if (r->http || r->seq || r->timer_open || r->in_cb || r->fetch_pending)
         return;
+    end_fetch(r);
+    kvr_sim_xfer_params_free(&r->xp);
+    free(r->prompt);
+    kvr_buf_free(&r->kvparams);
+    json_decref(r->log);
     free(r->tokens);
     free(r->xrid);
     kvr_buf_free(&r->text);
@@ -236,6 +265,8 @@ static void stop_timer(sim_req *r)
 static void on_client_gone(void *ud)
 {
     sim_req *r = ud;
+    if (r->fetch_pending)
+        end_fetch(r);
     abort_seq(r);
     stop_timer(r);
     if (r->http) {
@@ -375,6 +406,11 @@ static void finish_json(sim_req *r, const kvr_sim_seq_info *in)
         put_json_str(b, r->text.data ? r->text.data : "", r->text.len);
         kvr_buf_puts(b, ",\"logprobs\":null,\"finish_reason\":\"length\",\"stop_reason\":null,"
                         "\"prompt_logprobs\":null}],");
+    }
+    if (r->kvparams.len) { /* top level of the completion, as vLLM's prefill answers */
+        kvr_buf_puts(b, "\"kv_transfer_params\":");
+        kvr_buf_append(b, r->kvparams.data, r->kvparams.len);
+        kvr_buf_puts(b, ",");
     }
     put_usage(b, in->prompt_tokens, in->output_tokens, in->cached_tokens);
     if (kvr_buf_puts(b, "}") < 0) {
@@ -674,10 +710,28 @@ static void token_metrics(sim_req *r, kvr_sim_seq *seq, size_t idx)
     r->last_token_ns = now;
 }
 
+/* Prefill side: the prompt is computed (first token), so its blocks are held for the decode. */
+static void hold_prompt(sim_req *r)
+{
+    r->held = 1;
+    r->held_blocks = kvr_sim_pd_hold(r->api->pd, &r->xp, r->id, r->eng, r->prompt, r->ntok,
+                                     &r->kvparams);
+    free(r->prompt);
+    r->prompt = NULL;
+    if (r->log)
+        json_object_set_new(r->log, "kv_transfer",
+                            json_pack("{s:s,s:I,s:b}", "role", "prefill", "held_blocks",
+                                      (json_int_t)(r->held_blocks > 0 ? r->held_blocks : 0),
+                                      "params_dropped", r->held_blocks == 0 && !r->kvparams.len &&
+                                                            r->xp.do_remote_decode));
+}
+
 static void on_token(void *ud, kvr_sim_seq *seq, uint32_t id, size_t idx, int last)
 {
     sim_req *r = ud;
     token_metrics(r, seq, idx);
+    if (idx == 0 && r->part == KVR_SIM_PD_PREFILL && !r->held)
+        hold_prompt(r);
     resp_extra *x = r->rx;
     if (x && x->conv && x->nconv < x->conv_cap - 1) /* the last slot is for <|eot_id|> */
         x->conv[x->nconv++] = id;
@@ -701,12 +755,15 @@ static void on_token(void *ud, kvr_sim_seq *seq, uint32_t id, size_t idx, int la
     maybe_free(r); /* a drop fault released everything */
 }
 
+static void log_finished(sim_req *r, const kvr_sim_seq_info *in);
+
 static void on_finish(void *ud, kvr_sim_seq *seq)
 {
     sim_req *r = ud;
     const kvr_sim_seq_info *in = kvr_sim_seq_get_info(seq);
     r->seq = NULL; /* freed by the engine when this returns */
     kvr_sim_vmetrics_finished(r->eng->vm, (double)(kvr_now_ns() - r->arrival_ns) / 1e9);
+    log_finished(r, in);
     if (r->rx)
         store_response(r, in);
     r->in_cb = 1;
@@ -730,6 +787,30 @@ static void on_finish(void *ud, kvr_sim_seq *seq)
 
 static const kvr_sim_seq_cbs seq_cbs = {on_token, on_finish};
 
+/* The usage into the request's /sim/requests entry, and for a prefill/decode request one log
+ * line saying what the transfer did and what was cached. */
+static void log_finished(sim_req *r, const kvr_sim_seq_info *in)
+{
+    if (r->log)
+        json_object_set_new(r->log, "usage",
+                            json_pack("{s:I,s:I,s:I}", "prompt_tokens",
+                                      (json_int_t)in->prompt_tokens, "completion_tokens",
+                                      (json_int_t)in->output_tokens, "cached_tokens",
+                                      (json_int_t)in->cached_tokens));
+    if (r->part == KVR_SIM_PD_NONE)
+        return;
+    static const char *const xr[] = {"none", "fetched", "failed"};
+    KVR_INFO("msg=\"request finished\" id=%s request_id=\"%s\" rank=%d pd=%s kv_transfer=%s "
+             "kv_blocks=%zu recomputed=%s prompt_tokens=%zu cached_tokens=%zu",
+             r->id, r->xrid ? r->xrid : "", r->eng->rank,
+             r->part == KVR_SIM_PD_PREFILL ? "prefill" : "decode",
+             r->part == KVR_SIM_PD_PREFILL ? (r->held_blocks > 0 ? "held" : "none")
+                                           : xr[r->xfer_result],
+             r->part == KVR_SIM_PD_PREFILL ? (size_t)(r->held_blocks > 0 ? r->held_blocks : 0)
+                                           : r->xfer_blocks,
+             r->xfer_result == 2 ? "true" : "false", in->prompt_tokens, in->cached_tokens);
+}
+
 /* ---- admission ---- */
 
 static void start_sse(sim_req *r)
@@ -742,6 +823,29 @@ static void start_sse(sim_req *r)
     kvr_http_resp_start(r->http, 200, h, r->xrid ? 3 : 2, -1);
     if (r->kind == K_RESPONSE)
         resp_stream_start(r);
+}
+
+static void submit(sim_req *r);
+
+/* Decode side: the transfer ended (pd.h); the request goes to the engine either way, with the
+ * fetched blocks cached or to recompute them. */
+static void on_xfer_done(void *ud, const kvr_sim_pd_result *res)
+{
+    sim_req *r = ud;
+    r->fetch_pending = 0;
+    r->xfer_result = res->fetched ? 1 : 2;
+    r->xfer_blocks = res->blocks;
+    if (r->log)
+        json_object_set_new(r->log, "kv_transfer",
+                            json_pack("{s:s,s:s,s:I,s:s?,s:b}", "role", "decode", "result",
+                                      res->fetched ? "fetched" : "failed", "blocks",
+                                      (json_int_t)res->blocks, "reason", res->reason,
+                                      "recomputed", !res->fetched));
+    if (!r->http) { /* cannot happen: a client that leaves cancels the transfer */
+        maybe_free(r);
+        return;
+    }
+    submit(r);
 }
 
 static void admit(sim_req *r)
@@ -768,6 +872,25 @@ static void admit(sim_req *r)
     } else if (f->stall_after_events == 0) {
         r->stalled = 1; /* generate, but never answer */
     }
+    if (r->part == KVR_SIM_PD_DECODE) {
+        r->fetch = kvr_sim_pd_fetch_start(api->pd, &r->xp, r->xrid ? r->xrid : r->id, r->eng,
+                                          r->tokens, r->ntok, on_xfer_done, r);
+        if (r->fetch) {
+            r->fetch_pending = 1;
+            return; /* on_xfer_done submits */
+        }
+        r->xfer_result = 2; /* out of memory: recompute */
+    }
+    submit(r);
+}
+
+/* Hands the prompt to the engine. */
+static void submit(sim_req *r)
+{
+    if (r->part == KVR_SIM_PD_PREFILL && !(r->prompt = malloc(r->ntok * sizeof(uint32_t))))
+        r->part = KVR_SIM_PD_NONE; /* out of memory: a plain request */
+    if (r->prompt)
+        memcpy(r->prompt, r->tokens, r->ntok * sizeof(uint32_t));
     uint32_t *t = r->tokens;
     r->tokens = NULL;
     r->seq = kvr_sim_sched_submit(r->eng->sched, t, r->ntok, r->max_tokens, &seq_cbs, r);
@@ -973,6 +1096,20 @@ static void make_id(kvr_sim_api *api, const char *prefix, char *out, size_t cap)
              (unsigned long long)api->next_id);
 }
 
+/* The request's /sim/requests entry (reqlog.h); NULL when the log is off. */
+static json_t *log_entry(kvr_sim_api *api, const sim_req *r)
+{
+    if (!api->cfg.request_log_size)
+        return NULL;
+    const char *dp = kvr_http_req_header(r->http, KVR_SIM_DP_HEADER);
+    json_t *e = json_pack("{s:s,s:s?,s:s?,s:i,s:I,s:b,s:I}", "path", kvr_http_req_path(r->http),
+                          "request_id", r->xrid, "x_data_parallel_rank", dp, "rank",
+                          r->eng->rank, "max_tokens", (json_int_t)r->max_tokens, "stream",
+                          r->stream, "prompt_tokens", (json_int_t)r->ntok);
+    kvr_sim_reqlog_add(api->log, e);
+    return e;
+}
+
 /* A request holding the prompt taken from `toks` (with room for the output, as the engine
  * wants). NULL after sending a 503. */
 static sim_req *new_req(kvr_sim_api *api, kvr_sim_engine *e, kvr_http_req *req,
@@ -1003,9 +1140,11 @@ static sim_req *new_req(kvr_sim_api *api, kvr_sim_engine *e, kvr_http_req *req,
     r->arrival_ns = kvr_now_ns();
     r->created = kvr_unix_time();
     kvr_buf_init(&r->text, 0);
+    kvr_buf_init(&r->kvparams, 0);
     if (kind != K_RESPONSE)
         make_id(api, kind == K_CHAT ? "chatcmpl-" : kind == K_MESSAGE ? "msg_" : "cmpl-", r->id,
                 sizeof(r->id));
+    r->log = log_entry(api, r);
     return r;
 }
 
@@ -1040,8 +1179,16 @@ static void completions(kvr_sim_api *api, kvr_http_req *req, int kind)
     size_t max_tokens;
     kvr_sim_toks toks;
     init_toks(api, &toks);
+    kvr_sim_xfer_params xp = {0};
+    char xerr[200];
+    const char *xparam;
     if (read_gen_fields(api, req, j, kind, &stream, &max_tokens) < 0)
         goto out;
+    if (kvr_sim_xfer_read_params(j, api->cfg.max_model_len, &xp, xerr, sizeof(xerr), &xparam) <
+        0) {
+        send_error(req, 400, xerr, xparam);
+        goto out;
+    }
     const char *err = NULL, *param = kind == K_CHAT ? NULL : "prompt";
     int rc = kind == K_CHAT ? render_chat_req(j, &toks, &err, &param)
                             : kvr_sim_render_completion(&toks, json_object_get(j, "prompt"), &err);
@@ -1052,9 +1199,23 @@ static void completions(kvr_sim_api *api, kvr_http_req *req, int kind)
     if (r) {
         r->include_usage = json_is_true(
             json_object_get(json_object_get(j, "stream_options"), "include_usage"));
+        r->xp = xp;
+        xp.remote_block_ids = NULL;
+        r->part = kvr_sim_pd_part_of(api->pd, &r->xp);
+        if (r->log) {
+            static const char *const keys[] = {"kv_transfer_params", "bootstrap_room",
+                                               "bootstrap_host", "bootstrap_port"};
+            static const char *const parts[] = {"none", "prefill", "decode"};
+            for (size_t i = 0; i < 4; i++) {
+                json_t *v = json_object_get(j, keys[i]);
+                json_object_set(r->log, keys[i], v ? v : json_null());
+            }
+            json_object_set_new(r->log, "pd", json_string(parts[r->part]));
+        }
         start_req(r);
     }
 out:
+    kvr_sim_xfer_params_free(&xp);
     kvr_sim_toks_free(&toks);
     json_decref(j);
 }
@@ -1819,6 +1980,17 @@ static void stats(kvr_sim_api *api, kvr_http_req *req)
     reply_json(req, 200, j);
 }
 
+/* GET /sim/requests: the request log (reqlog.h), oldest first; POST clears it. */
+static void requests_log(kvr_sim_api *api, kvr_http_req *req, int post)
+{
+    if (post) {
+        kvr_sim_reqlog_clear(api->log);
+        reply_json(req, 200, json_array());
+        return;
+    }
+    reply_json(req, 200, kvr_sim_reqlog_list(api->log));
+}
+
 /* ---- dispatch ---- */
 
 typedef enum { GET_ONLY, POST_ONLY, GET_POST } methods;
@@ -1839,7 +2011,8 @@ static int method_ok(kvr_http_req *req, methods m, int *is_post)
 
 enum {
     R_CHAT, R_COMPLETIONS, R_RESPONSES, R_MESSAGES, R_COUNT_TOKENS, R_EMBEDDINGS, R_TOKENIZE,
-    R_DETOKENIZE, R_MODELS, R_HEALTH, R_METRICS, R_RESET, R_EVICT, R_FAULTS, R_LMCACHE, R_STATS
+    R_DETOKENIZE, R_MODELS, R_HEALTH, R_METRICS, R_RESET, R_EVICT, R_FAULTS, R_LMCACHE, R_STATS,
+    R_REQUESTS
 };
 
 static const struct route {
@@ -1864,6 +2037,7 @@ static const struct route {
     {"/sim/faults", GET_POST, R_FAULTS},
     {"/sim/stats", GET_ONLY, R_STATS},
     {"/lmcache/status", GET_ONLY, R_LMCACHE},
+    {"/sim/requests", GET_POST, R_REQUESTS},
 };
 
 static void serve(kvr_sim_api *api, kvr_http_req *req, int id, int post)
@@ -1884,6 +2058,7 @@ static void serve(kvr_sim_api *api, kvr_http_req *req, int id, int post)
     case R_EVICT: evict_cache(api, req); break;
     case R_FAULTS: faults(api, req, post); break;
     case R_LMCACHE: lmcache_status(api, req); break;
+    case R_REQUESTS: requests_log(api, req, post); break;
     default: stats(api, req); break;
     }
 }
@@ -1904,11 +2079,22 @@ void kvr_sim_api_handle(kvr_http_req *req, void *ud)
         stored_response(api, req, path + 14);
         return;
     }
+    static const char *const xfer[] = {"/sim/kv_transfer/", "/sim/bootstrap/"};
+    for (int i = 0; i < 2; i++) {
+        size_t n = strlen(xfer[i]);
+        if (strncmp(path, xfer[i], n) == 0 && path[n] && !strchr(path + n, '/')) {
+            int post;
+            if (method_ok(req, GET_ONLY, &post))
+                kvr_sim_pd_serve(api->pd, req, path + n, i);
+            return;
+        }
+    }
     send_error(req, 404, "not found", NULL);
 }
 
 kvr_sim_api *kvr_sim_api_new(uv_loop_t *loop, const kvr_sim_api_cfg *cfg, kvr_sim_engine *eng,
-                             size_t neng, kvr_sim_faults *faults, kvr_metrics *reg)
+                             size_t neng, kvr_sim_pd *pd, kvr_sim_faults *faults,
+                             kvr_metrics *reg)
 {
     kvr_sim_api *api = calloc(1, sizeof(*api));
     if (!api)
@@ -1916,7 +2102,9 @@ kvr_sim_api *kvr_sim_api_new(uv_loop_t *loop, const kvr_sim_api_cfg *cfg, kvr_si
     api->model = strdup(cfg->model);
     api->pieces = kvr_sim_pieces_new(cfg->detokenize_cache_entries);
     api->responses = kvr_sim_resp_store_new(cfg->max_stored_responses, cfg->seed);
-    if (!api->model || !api->responses || (cfg->detokenize_cache_entries && !api->pieces)) {
+    api->log = kvr_sim_reqlog_new(cfg->request_log_size);
+    if (!api->model || !api->responses || !api->log ||
+        (cfg->detokenize_cache_entries && !api->pieces)) {
         kvr_sim_api_free(api);
         return NULL;
     }
@@ -1926,6 +2114,7 @@ kvr_sim_api *kvr_sim_api_new(uv_loop_t *loop, const kvr_sim_api_cfg *cfg, kvr_si
     api->eng = eng;
     api->neng = neng;
     api->dp.nranks = neng;
+    api->pd = pd;
     api->faults = faults;
     api->reg = reg;
     kvr_buf_init(&api->scratch, 64u << 20);
@@ -1944,6 +2133,7 @@ void kvr_sim_api_free(kvr_sim_api *api)
     kvr_buf_free(&api->scratch);
     kvr_sim_pieces_free(api->pieces);
     kvr_sim_resp_store_free(api->responses);
+    kvr_sim_reqlog_free(api->log);
     free(api->model);
     free(api);
 }

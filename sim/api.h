@@ -21,6 +21,11 @@
  *   POST /sim/reset_prefix_cache (also vLLM's /reset_prefix_cache): AllBlocksCleared, or 409
  *        while blocks are in use (vLLM refuses then)
  *   POST /sim/evict: evicts every free cached block now (one BlockRemoved each) → {evicted}
+ *   GET /sim/requests: the last --request-log-size generation requests received (reqlog.h),
+ *        POST /sim/requests clears them
+ *   GET /sim/kv_transfer/{remote_request_id}, GET /sim/bootstrap/{room}: a prefill's held KV
+ *        for a decode (pd.h); chat and completions read kv_transfer_params and the bootstrap
+ *        fields (kvxfer.h) and play the prefill or decode part --role gives them
  *   GET|POST /sim/faults (faults.h), GET /sim/stats (engine counters as JSON: summed over
  *        the data-parallel ranks, each rank's own under "ranks")
  *
@@ -42,6 +47,7 @@
 #include "engine.h"
 #include "faults.h"
 #include "http/server.h"
+#include "pd.h"
 
 /** Settings of the API layer (flags). Strings are copied. */
 typedef struct kvr_sim_api_cfg {
@@ -53,6 +59,7 @@ typedef struct kvr_sim_api_cfg {
     size_t detokenize_cache_entries; /**< pieces remembered for /detokenize (0 = none) */
     size_t max_stored_responses;     /**< /v1/responses kept for previous_response_id */
     const char *profile;             /**< timing profile name for /sim/stats (NULL = none) */
+    size_t request_log_size;         /**< entries GET /sim/requests keeps (0 = none) */
 } kvr_sim_api_cfg;
 
 typedef struct kvr_sim_api kvr_sim_api;
@@ -61,7 +68,8 @@ typedef struct kvr_sim_api kvr_sim_api;
  *  goes to the rank its X-data-parallel-rank header names (dp.h), round robin without one.
  *  None of the pointers is owned. NULL on OOM. */
 kvr_sim_api *kvr_sim_api_new(uv_loop_t *loop, const kvr_sim_api_cfg *cfg, kvr_sim_engine *eng,
-                             size_t neng, kvr_sim_faults *faults, kvr_metrics *reg);
+                             size_t neng, kvr_sim_pd *pd, kvr_sim_faults *faults,
+                             kvr_metrics *reg);
 /** The kvr_http_handler; `ud` is the kvr_sim_api. */
 void kvr_sim_api_handle(kvr_http_req *req, void *ud);
 /** The port the sim listens on, once bound: part of its response ids, so that sims sharing a

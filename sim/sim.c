@@ -42,6 +42,11 @@ void kvr_sim_config_default(kvr_sim_config *c)
         .detokenize_cache_entries = 65536,
         .max_stored_responses = 10000,
         .data_parallel_size = 1,
+        .kv_hold_ms = 480000,
+        .kv_hold_max_requests = 10000,
+        .kv_transfer_us_per_block = 80,
+        .kv_transfer_timeout_ms = 30000,
+        .request_log_size = 1000,
     };
     kvr_sim_faults_default(&c->faults);
 }
@@ -68,7 +73,9 @@ int kvr_sim_config_apply_profile(kvr_sim_config *c, const char *name)
 typedef struct sim {
     uv_loop_t loop;
     uv_signal_t sigint, sigterm;
-    kvr_http_server *server;
+    kvr_http_server *server, *bootstrap; /* bootstrap: SGLang's handshake port, or NULL */
+    int open_servers;
+    kvr_sim_pd *pd;
     kvr_sim_engine *eng;
     size_t neng;
     kvr_metrics *reg;
@@ -80,9 +87,20 @@ typedef struct sim {
 static void on_server_closed(void *ud)
 {
     sim *s = ud;
+    if (--s->open_servers > 0)
+        return;
+    kvr_sim_pd_close(s->pd);
     kvr_sim_engines_close(s->eng, s->neng);
     uv_close((uv_handle_t *)&s->sigint, NULL);
     uv_close((uv_handle_t *)&s->sigterm, NULL);
+}
+
+static void close_servers(sim *s)
+{
+    s->open_servers = s->bootstrap ? 2 : 1;
+    if (s->bootstrap)
+        kvr_http_server_close(s->bootstrap, on_server_closed, s);
+    kvr_http_server_close(s->server, on_server_closed, s);
 }
 
 static void on_signal(uv_signal_t *h, int signum)
@@ -92,7 +110,7 @@ static void on_signal(uv_signal_t *h, int signum)
         return;
     s->stopping = 1;
     KVR_INFO("msg=\"kvroute-sim stopping\" signal=%d", signum);
-    kvr_http_server_close(s->server, on_server_closed, s);
+    close_servers(s);
 }
 
 int kvr_sim_run(const kvr_sim_config *c)
@@ -112,6 +130,15 @@ int kvr_sim_run(const kvr_sim_config *c)
         kvr_metrics_free(s.reg);
         return 1;
     }
+    kvr_sim_pd_cfg pc = {.role = (kvr_sim_role)c->role,
+                         .hold_ms = c->kv_hold_ms,
+                         .hold_max = c->kv_hold_max_requests,
+                         .transfer_us_per_block = c->kv_transfer_us_per_block,
+                         .time_scale = c->time_scale,
+                         .transfer_timeout_ms = c->kv_transfer_timeout_ms,
+                         .host = c->host,
+                         .max_blocks = c->max_model_len / c->block_size + 1};
+    s.pd = kvr_sim_pd_new(&s.loop, &pc, s.reg, &s.faults);
     kvr_sim_api_cfg ac = {.model = c->model,
                           .max_model_len = c->max_model_len,
                           .default_max_tokens = c->default_max_tokens,
@@ -119,8 +146,9 @@ int kvr_sim_run(const kvr_sim_config *c)
                           .seed = c->seed,
                           .detokenize_cache_entries = c->detokenize_cache_entries,
                           .max_stored_responses = c->max_stored_responses,
-                          .profile = c->profile};
-    s.api = kvr_sim_api_new(&s.loop, &ac, s.eng, s.neng, &s.faults, s.reg);
+                          .profile = c->profile,
+                          .request_log_size = c->request_log_size};
+    s.api = s.pd ? kvr_sim_api_new(&s.loop, &ac, s.eng, s.neng, s.pd, &s.faults, s.reg) : NULL;
     if (!s.api) {
         KVR_ERROR("msg=\"out of memory at start\"");
         return 1;
@@ -131,15 +159,21 @@ int kvr_sim_run(const kvr_sim_config *c)
     lim.close_after_requests = c->close_after_requests;
     s.server = kvr_http_server_new(&s.loop, &lim, kvr_sim_api_handle, s.api);
     int rc = kvr_http_server_listen(s.server, c->host, c->port);
+    if (rc >= 0 && c->bootstrap_port) {
+        /* SGLang's bootstrap server: the same handler, so /sim/bootstrap/<room> answers on
+         * both ports; decodes are told this one */
+        s.bootstrap = kvr_http_server_new(&s.loop, &lim, kvr_sim_api_handle, s.api);
+        rc = kvr_http_server_listen(s.bootstrap, c->host, c->bootstrap_port);
+    }
     int status = 0;
     if (rc < 0) {
-        KVR_ERROR("msg=\"cannot listen\" host=%s port=%d error=\"%s\"", c->host, c->port,
-                  uv_strerror(rc));
+        KVR_ERROR("msg=\"cannot listen\" host=%s port=%d error=\"%s\"", c->host,
+                  s.bootstrap ? c->bootstrap_port : c->port, uv_strerror(rc));
         status = 1;
         s.stopping = 1;
         uv_signal_init(&s.loop, &s.sigint);
         uv_signal_init(&s.loop, &s.sigterm);
-        kvr_http_server_close(s.server, on_server_closed, &s);
+        close_servers(&s);
     } else {
         uv_signal_init(&s.loop, &s.sigint);
         uv_signal_init(&s.loop, &s.sigterm);
@@ -147,17 +181,21 @@ int kvr_sim_run(const kvr_sim_config *c)
         uv_signal_start(&s.sigint, on_signal, SIGINT);
         uv_signal_start(&s.sigterm, on_signal, SIGTERM);
         kvr_sim_api_set_port(s.api, kvr_http_server_port(s.server));
+        kvr_sim_pd_set_port(s.pd, kvr_http_server_port(s.server));
         KVR_INFO("msg=\"kvroute-sim listening\" addr=%s:%d model=\"%s\" kv_blocks=%u "
-                 "block_size=%u data_parallel_size=%zu time_scale=%g profile=%s "
-                 "kv_events=\"%s\"",
+                 "block_size=%u data_parallel_size=%zu role=%s bootstrap_port=%d "
+                 "time_scale=%g profile=%s kv_events=\"%s\"",
                  c->host, kvr_http_server_port(s.server), c->model, c->kv_blocks, c->block_size,
-                 s.neng, c->time_scale, c->profile ? c->profile : "none",
+                 s.neng, kvr_sim_role_name((kvr_sim_role)c->role),
+                 s.bootstrap ? kvr_http_server_port(s.bootstrap) : 0, c->time_scale,
+                 c->profile ? c->profile : "none",
                  c->kv_events_endpoint ? c->kv_events_endpoint : "");
     }
     uv_run(&s.loop, UV_RUN_DEFAULT);
     if (uv_loop_close(&s.loop) != 0)
         KVR_WARN("msg=\"loop closed with handles open\"");
     kvr_sim_api_free(s.api);
+    kvr_sim_pd_free(s.pd); /* releases its holds into the pools */
     kvr_sim_engines_free(s.eng, s.neng);
     kvr_metrics_free(s.reg);
     return status;
