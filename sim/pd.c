@@ -115,6 +115,11 @@ kvr_sim_pd *kvr_sim_pd_new(uv_loop_t *loop, const kvr_sim_pd_cfg *cfg, kvr_metri
     return pd;
 }
 
+kvr_sim_role kvr_sim_pd_role(const kvr_sim_pd *pd)
+{
+    return pd->cfg.role;
+}
+
 void kvr_sim_pd_set_port(kvr_sim_pd *pd, int port)
 {
     pd->port = port;
@@ -270,7 +275,7 @@ long kvr_sim_pd_hold(kvr_sim_pd *pd, const kvr_sim_xfer_params *p, const char *r
         count(pd->dropped, NULL, 1);
         KVR_WARN("msg=\"kv_transfer_params dropped (fault kv_params_drop_rate)\" key=\"%s\"",
                  key);
-        return 0;
+        return -2;
     }
     uint32_t bs = kvr_sim_kv_block_size(e->kv);
     size_t nfull = ntok / bs;

@@ -69,6 +69,8 @@ typedef struct kvr_sim_pd kvr_sim_pd;
  *  OOM. */
 kvr_sim_pd *kvr_sim_pd_new(uv_loop_t *loop, const kvr_sim_pd_cfg *cfg, kvr_metrics *reg,
                            kvr_sim_faults *faults);
+/** The role this sim plays (--role). */
+kvr_sim_role kvr_sim_pd_role(const kvr_sim_pd *pd);
 /** The HTTP port this sim answers on (remote_port), once bound. */
 void kvr_sim_pd_set_port(kvr_sim_pd *pd, int port);
 /** Shutdown while the loop runs: ends fetches in flight (their requests must have been
@@ -84,7 +86,7 @@ kvr_sim_pd_part kvr_sim_pd_part_of(const kvr_sim_pd *pd, const kvr_sim_xfer_para
 /** Prefill side, once the prompt (`ntok` ids) is computed on rank `e`: holds its full blocks
  *  under `request_id` (vLLM) or the room (SGLang, `p` has a room and no do_remote_decode),
  *  answers fetches already waiting for them, and for vLLM mode appends the response's
- *  kv_transfer_params object to `params_out`. Returns the blocks held, 0 when the
+ *  kv_transfer_params object to `params_out`. Returns the blocks held (>= 0), -2 when the
  *  kv_params_drop_rate fault dropped them (nothing held or appended), -1 on OOM. */
 long kvr_sim_pd_hold(kvr_sim_pd *pd, const kvr_sim_xfer_params *p, const char *request_id,
                      const kvr_sim_engine *e, const uint32_t *prompt, size_t ntok,

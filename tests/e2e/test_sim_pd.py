@@ -512,3 +512,30 @@ def test_bootstrap_room_never_prefilled_recomputes(sim_factory):
     assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     assert time.monotonic() - t0 < 5
     assert metric(decode, "kvroute_sim:kv_recomputed_requests_total") == 1
+
+
+def test_decode_announces_transferred_blocks(sim_factory):
+    """The blocks a decode receives enter its prefix cache like computed ones: one BlockStored
+    with the prompt's tokens, before the decode's own blocks."""
+    port = free_port()
+    prefill = sim_factory("--time-scale", "0", "--role", "prefill")
+    decode = sim_factory("--time-scale", "0", "--role", "decode",
+                         "--kv-events-endpoint", "tcp://*:%d" % port)
+    ctx = zmq.Context()
+    try:
+        sock = _subscriber(ctx, "tcp://127.0.0.1:%d" % port)
+        _warm_up_sub(decode, [sock], lambda k: None)
+        params = prefill_then(prefill, "pd-ev")["kv_transfer_params"]
+        n = len(params["remote_block_ids"])
+        post(decode, chat_req(kv_transfer_params=params, max_tokens=1), "pd-ev")
+        got = _stored_batches(sock, 1)
+        stored = [ev for _, p in got for ev in p[1] if ev[0] == "BlockStored"]
+        # one event for the blocks the decode lacked: the warm-up cached the system prompt's
+        # leading blocks already, so the new run starts after them, with a parent
+        assert stored
+        k = n - len(stored[0][1])
+        assert 0 < k < n and stored[0][2] is not None
+        toks = decode.tokenize(model=MODEL, messages=[SYSTEM, {"role": "user", "content": LONG}])
+        assert stored[0][3] == toks[k * 16:n * 16]
+    finally:
+        ctx.destroy(linger=0)
