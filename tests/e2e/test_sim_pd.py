@@ -539,3 +539,33 @@ def test_decode_announces_transferred_blocks(sim_factory):
         assert stored[0][3] == toks[k * 16:n * 16]
     finally:
         ctx.destroy(linger=0)
+
+
+def test_dp_ranks_behave_exactly_like_separate_sims(sim_factory):
+    """Rank r of a --data-parallel-size 4 sim answers a request sequence with the same cached
+    tokens as a separate sim of the same --kv-blocks given the same sequence, evictions
+    included: the ranks share nothing that changes caching."""
+    flags = ("--time-scale", "0", "--kv-blocks", "64")
+    dp = sim_factory(*flags, "--data-parallel-size", "4")
+    singles = [sim_factory(*flags) for _ in range(4)]
+    import random
+    rnd = random.Random(7)
+    convs = {s: [SYSTEM] for s in range(10)}
+    got_dp, got_single = [], []
+    for i in range(60):
+        s = rnd.randrange(10)
+        convs[s].append({"role": "user", "content": "turn %d of session %d: %s" % (
+            i, s, "words " * rnd.randrange(5, 40))})
+        body = {"model": MODEL, "max_tokens": 6, "messages": convs[s]}
+        rank = s % 4
+        a = dp.client.post("/v1/chat/completions", json=body,
+                           headers={"X-data-parallel-rank": str(rank)}).json()
+        b = singles[rank].client.post("/v1/chat/completions", json=body).json()
+        got_dp.append(cached(a))
+        got_single.append(cached(b))
+        convs[s].append({"role": "assistant", "content": a["choices"][0]["message"]["content"]})
+    assert got_dp == got_single
+    assert sum(got_dp) > 0
+    st = dp.stats()
+    assert sum(r["evictions"] for r in st["ranks"]) == sum(x.stats()["evictions"] for x in singles)
+    assert st["evictions"] > 0
