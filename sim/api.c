@@ -80,7 +80,7 @@ typedef struct sim_req {
     kvr_sim_pd_part part;     /* the part this sim plays in it */
     uint32_t *prompt;         /* prefill: the prompt, to hold its blocks at the first token */
     int held;                 /* prefill: the hold was attempted */
-    long held_blocks;         /* prefill: blocks held (0: the parameters were dropped) */
+    long held_blocks;         /* prefill: blocks held; -2: parameters dropped (fault) */
     kvr_buf kvparams;         /* prefill: the answer's kv_transfer_params object */
     kvr_sim_pd_fetch *fetch;  /* decode: the transfer, then the blocks it holds */
     int fetch_pending;        /* decode: waiting for the transfer before the engine */
