@@ -132,11 +132,15 @@ kvr_sim_pd_part kvr_sim_pd_part_of(const kvr_sim_pd *pd, const kvr_sim_xfer_para
         return KVR_SIM_PD_PREFILL;
     if (p->do_remote_prefill && role != KVR_SIM_ROLE_PREFILL)
         return KVR_SIM_PD_DECODE;
-    if (p->has_room && role == KVR_SIM_ROLE_PREFILL)
-        return KVR_SIM_PD_PREFILL;
-    if (p->has_room && role == KVR_SIM_ROLE_DECODE)
-        return KVR_SIM_PD_DECODE;
-    return KVR_SIM_PD_NONE;
+    if (!p->has_room)
+        return KVR_SIM_PD_NONE;
+    /* SGLang sends both workers the same fields; a `both` sim is the prefill when the
+     * handshake address is its own bootstrap port, the decode otherwise */
+    if (role == KVR_SIM_ROLE_BOTH)
+        return pd->cfg.bootstrap_port && p->bootstrap_port == pd->cfg.bootstrap_port
+                   ? KVR_SIM_PD_PREFILL
+                   : KVR_SIM_PD_DECODE;
+    return role == KVR_SIM_ROLE_PREFILL ? KVR_SIM_PD_PREFILL : KVR_SIM_PD_DECODE;
 }
 
 /* ---- holds and their expiry ---- */

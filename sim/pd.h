@@ -3,7 +3,8 @@
  * short:
  *
  * - Prefill side (role prefill or both, a request with kv_transfer_params.do_remote_decode;
- *   or role prefill and a bootstrap_room): once the prompt is computed (first token) the
+ *   or role prefill and a bootstrap_room; or role both and a bootstrap_port that is its own
+ *   --bootstrap-port): once the prompt is computed (first token) the
  *   prompt's full blocks are held (kvhold.h) under the response id (vLLM) or the room
  *   (SGLang), and a vLLM-mode JSON answer carries kv_transfer_params {do_remote_prefill: true,
  *   do_remote_decode: false, remote_engine_id, remote_block_ids, remote_host, remote_port,
@@ -11,8 +12,8 @@
  * - Transfer: GET /sim/kv_transfer/<remote_request_id> or /sim/bootstrap/<room> (kvxfer.h),
  *   answered from the hold (which then ends), or, with ?wait_ms=N, as soon as it exists
  *   within N ms (SGLang's decode asks before its prefill has finished); 404 otherwise.
- * - Decode side (role decode or both and do_remote_prefill; or role decode and a
- *   bootstrap_room): before the request enters the scheduler the sim fetches the blocks over
+ * - Decode side (role decode or both and do_remote_prefill; or role decode, or both with
+ *   another bootstrap_port, and a bootstrap_room): before the request enters the scheduler the sim fetches the blocks over
  *   loopback HTTP (async on the loop, bounded by --kv-transfer-timeout-ms), checks they are
  *   its prompt's, caches them as computed blocks of the serving rank (BlockStored events go
  *   out as for any computed block) and holds them until the request ends, then waits
@@ -61,6 +62,8 @@ typedef struct kvr_sim_pd_cfg {
     const char *host;             /**< this sim's HTTP address (remote_host; a wildcard
                                        address is answered as 127.0.0.1) */
     uint32_t max_blocks;          /**< blocks a transfer may carry (the longest prompt's) */
+    int bootstrap_port;           /**< --bootstrap-port (0 = none): a `both` sim given
+                                       bootstrap fields naming it is the prefill */
 } kvr_sim_pd_cfg;
 
 typedef struct kvr_sim_pd kvr_sim_pd;

@@ -468,11 +468,12 @@ def test_request_log_is_bounded_and_clears(sim_factory):
 
 # ---- prefill/decode: SGLang's bootstrap handshake (concurrent)
 
-def test_bootstrap_decode_waits_for_prefill(sim_factory):
+@pytest.mark.parametrize("roles", [("prefill", "decode"), ("both", "both")])
+def test_bootstrap_decode_waits_for_prefill(sim_factory, roles):
     import threading
     bport = free_port()
-    prefill = sim_factory("--time-scale", "0", "--role", "prefill", "--bootstrap-port", bport)
-    decode = sim_factory("--time-scale", "0", "--role", "decode")
+    prefill = sim_factory("--time-scale", "0", "--role", roles[0], "--bootstrap-port", bport)
+    decode = sim_factory("--time-scale", "0", "--role", roles[1])
     boot = {"bootstrap_host": "127.0.0.1", "bootstrap_port": bport,
             "bootstrap_room": 2 ** 62 + 7}
     out = {}
