@@ -570,3 +570,16 @@ def test_dp_ranks_behave_exactly_like_separate_sims(sim_factory):
     st = dp.stats()
     assert sum(r["evictions"] for r in st["ranks"]) == sum(x.stats()["evictions"] for x in singles)
     assert st["evictions"] > 0
+
+
+def test_nixl_text_completions(pd_pair):
+    prefill, decode = pd_pair
+    body = {"model": MODEL, "prompt": LONG, "max_tokens": 1, "stream": False,
+            "kv_transfer_params": PREFILL_PARAMS}
+    ans = prefill.client.post("/v1/completions", json=body).json()
+    params = ans["kv_transfer_params"]
+    assert ans["object"] == "text_completion" and params["remote_block_ids"]
+    body.update(max_tokens=4, kv_transfer_params=params)
+    r = decode.client.post("/v1/completions", json=body).json()
+    assert r["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    assert requests_log(decode)[-1]["path"] == "/v1/completions"
