@@ -860,18 +860,28 @@ static int grow_chain(kvr_prefix_index *ix, size_t n)
  * same bytes, as a request's insert after its match), emptied otherwise. */
 static void chain_bind(kvr_prefix_index *ix, const void *text, size_t len)
 {
-    if (ix->chain_len == len && !memcmp(ix->chain_text, text, len))
-        return;
-    ix->chain_n = 0;
+    size_t keep = 0, from = 0;
+    if (ix->chain_len && len >= ix->chain_len && !memcmp(ix->chain_text, text, ix->chain_len)) {
+        if (len == ix->chain_len)
+            return;
+        /* The text goes on (a reply taught after its prompt, the next turn after both): the
+         * keys of its old full blocks stay, only the old partial block's is redone. */
+        keep = ix->chain_len / ix->block_bytes;
+        from = ix->chain_len;
+    }
+    if (ix->chain_n > keep)
+        ix->chain_n = keep;
     ix->chain_len = 0;
     if (len > ix->chain_text_alloc) {
         char *p = realloc(ix->chain_text, len);
-        if (!p)
+        if (!p) {
+            ix->chain_n = 0;
             return; /* the chain then names no text: the next call hashes again */
+        }
         ix->chain_text = p;
         ix->chain_text_alloc = len;
     }
-    memcpy(ix->chain_text, text, len);
+    memcpy(ix->chain_text + from, (const char *)text + from, len - from);
     ix->chain_len = len;
 }
 

@@ -841,6 +841,32 @@ static void test_stamps_survive_clock_wrap(void **state)
     kvr_prefix_index_destroy(ix);
 }
 
+/* A text that goes on from the last one (a reply after its prompt, the next turn) reuses the
+ * keys of the old text's full blocks: its blocks must be exactly a fresh text's. */
+static void test_extended_text_keys(void **state)
+{
+    (void)state;
+    static char t[4000];
+    fill(t, sizeof(t), 99);
+    static const size_t lens[][2] = {{640, 1280}, {650, 1300}, {63, 64}, {64, 65}, {1, 3999},
+                                     {1000, 1001}, {2000, 2000}};
+    for (size_t i = 0; i < sizeof(lens) / sizeof(*lens); i++) {
+        size_t l1 = lens[i][0], l2 = lens[i][1], w = 0, got = 0;
+        kvr_prefix_index *ix = mk(1u << 20, 0);
+        assert_int_equal(kvr_prefix_index_insert(ix, 0, t, l1), 0);
+        kvr_prefix_index_match(ix, t, l2, &w, 1, &got); /* binds the longer text */
+        assert_int_equal(got, l1 == l2 ? l1 : l1 / B * B); /* its partial block is not l2's */
+        assert_int_equal(kvr_prefix_index_insert(ix, 0, t, l2), 0);
+        kvr_prefix_index_match(ix, t, l2, &w, 1, &got);
+        assert_int_equal(got, l2);
+        kvr_prefix_index_match(ix, t, l1, &w, 1, &got);
+        assert_int_equal(got, l1);
+        size_t want = (l2 + B - 1) / B + (l1 % B && l1 != l2 ? 1 : 0);
+        assert_int_equal(kvr_prefix_index_worker_blocks(ix, 0), want);
+        kvr_prefix_index_destroy(ix);
+    }
+}
+
 static void test_kv_tokens_conversion(void **state)
 {
     (void)state;
@@ -863,6 +889,7 @@ int main(void)
         cmocka_unit_test(test_ancestors_outlive_tails),
         cmocka_unit_test(test_forget_worker_and_capacity),
         cmocka_unit_test(test_global_cap_shared),
+        cmocka_unit_test(test_extended_text_keys),
         cmocka_unit_test(test_kv_tokens_conversion),
         cmocka_unit_test(test_corrections_match_model),
         cmocka_unit_test(test_correct_semantics),
