@@ -72,6 +72,11 @@ typedef struct kvr_api_worker {
                                routes_set; else the routes whose model it lists */
     size_t nroutes;
     int routes_set;
+    uint32_t data_parallel_size; /**< as posted (`data_parallel_size`; 0 or 1 = plain): the
+                                      admin API adds one entry per rank (dp_url set) */
+    char *dp_url;         /**< a rank's engine URL (owned; NULL = a plain worker): this entry
+                               is rank dp_rank, its url "dp_url#r" */
+    int dp_rank;
     const char *source;   /**< who added it: NULL = the admin API ("api"), "kubernetes" =
                                Kubernetes discovery (static string); shown by /workers and
                                counted in kvroute_discovery_workers{source}. Kubernetes'

@@ -63,7 +63,7 @@ static int k8s_add(void *ud, const char *service, const char *name, const char *
         return -1;
     }
     kvr_errlist_free(&errs);
-    kvr_kv_events_spec kvs = {kv, kv_replay, app->cfg.k8s.kv_topic};
+    kvr_kv_events_spec kvs = {kv, kv_replay, app->cfg.k8s.kv_topic, 0, 0};
     if (kv && app->kv && kvr_kv_events_configure(app->kv, w, &kvs) < 0)
         KVR_WARN("msg=\"KV-event endpoint refused\" worker=%s endpoint=%s", url, kv);
     kvr_discovery_probe(&app->wctx, w); /* its models at once, not at the next tick */

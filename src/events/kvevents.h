@@ -37,6 +37,14 @@ typedef struct kvr_kv_events_spec {
     const char *endpoint;         /**< "tcp://HOST:PORT" of its PUB socket */
     const char *replay_endpoint;  /**< "tcp://HOST:PORT" of its replay ROUTER, NULL = none */
     const char *topic;            /**< SUB prefix, NULL or "" = every message */
+    int rank;                     /**< with `ranks`: the data-parallel rank this worker is */
+    int ranks;                    /**< > 1 when the engine's `ranks` data-parallel ranks share
+                                       this endpoint: only batches whose data_parallel_rank is
+                                       `rank` (absent or nil = 0) are applied, and rank 0's
+                                       subscription counts a batch naming no rank in
+                                       0..ranks-1 as dropped
+                                       (kvroute_kv_events_dropped_total{worker,reason="rank"});
+                                       0 or 1 = every batch applied */
 } kvr_kv_events_spec;
 
 /** Splits a KV-event endpoint "tcp://HOST:PORT" (HOST a name or address, [v6] bracketed;
