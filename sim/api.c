@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dp.h"
 #include "embed.h"
 #include "respstore.h"
 #include "routing/anthropic.h"
@@ -27,12 +28,11 @@ struct kvr_sim_api {
     uv_loop_t *loop;
     kvr_sim_api_cfg cfg;
     char *model;
-    kvr_sim_sched *sched;
-    kvr_sim_kv *kv;
-    kvr_sim_events *events;
+    kvr_sim_engine *eng; /* the data-parallel ranks (engine.h) */
+    size_t neng;
+    kvr_sim_dp dp;
     kvr_sim_faults *faults;
     kvr_metrics *reg;
-    kvr_sim_vmetrics *vm;
     kvr_sim_pieces *pieces;        /* NULL with --detokenize-cache-entries 0 */
     kvr_sim_resp_store *responses;
     size_t ndelayed;
@@ -57,6 +57,7 @@ typedef struct resp_extra {
  * request is released, the engine no longer knows it and its delay timer is closed. */
 typedef struct sim_req {
     kvr_sim_api *api;
+    kvr_sim_engine *eng; /* the rank serving it */
     kvr_http_req *http;
     kvr_sim_seq *seq;
     uv_timer_t timer;
@@ -146,11 +147,12 @@ static void send_json(kvr_http_req *req, int status, const kvr_buf *b, const cha
  * timings, so a client can read what the GPU would show whatever the time scale:
  * x-sim-model-ttft-ms (arrival to first token), x-sim-model-e2e-ms (arrival to the last
  * token) and x-sim-preemptions. */
-static void send_finished_json(kvr_sim_api *api, kvr_http_req *req, const kvr_buf *b,
-                               const char *xrid, const kvr_sim_seq_info *in)
+static void send_finished_json(sim_req *r, const kvr_buf *b, const kvr_sim_seq_info *in)
 {
+    kvr_http_req *req = r->http;
+    const char *xrid = r->xrid;
     char ttft[32], e2e[32], pre[16];
-    double now = kvr_sim_sched_model_us(api->sched);
+    double now = kvr_sim_sched_model_us(r->eng->sched);
     snprintf(ttft, sizeof(ttft), "%.3f", (in->first_token_model_us - in->arrival_model_us) / 1e3);
     snprintf(e2e, sizeof(e2e), "%.3f", (now - in->arrival_model_us) / 1e3);
     snprintf(pre, sizeof(pre), "%u", (unsigned)in->preemptions);
@@ -207,7 +209,7 @@ static void maybe_free(sim_req *r)
 static void abort_seq(sim_req *r)
 {
     if (r->seq) {
-        kvr_sim_sched_abort(r->api->sched, r->seq);
+        kvr_sim_sched_abort(r->eng->sched, r->seq);
         r->seq = NULL;
     }
 }
@@ -378,7 +380,7 @@ static void finish_json(sim_req *r, const kvr_sim_seq_info *in)
     if (kvr_buf_puts(b, "}") < 0) {
         send_error(r->http, 500, "response too large", NULL);
     } else {
-        send_finished_json(r->api, r->http, b, r->xrid, in);
+        send_finished_json(r, b, in);
     }
     r->http = NULL;
 }
@@ -536,7 +538,7 @@ static void resp_finish_json(sim_req *r, const kvr_sim_seq_info *in)
     if (put_response(r, b, in) < 0)
         send_error(r->http, 500, "response too large", NULL);
     else
-        send_finished_json(r->api, r->http, b, r->xrid, in);
+        send_finished_json(r, b, in);
     r->http = NULL;
 }
 
@@ -634,7 +636,7 @@ static void msg_finish_json(sim_req *r, const kvr_sim_seq_info *in)
     if (put_message(r, b, in, 1) < 0)
         send_error(r->http, 500, "response too large", NULL);
     else
-        send_finished_json(r->api, r->http, b, r->xrid, in);
+        send_finished_json(r, b, in);
     r->http = NULL;
 }
 
@@ -660,15 +662,14 @@ static void store_response(sim_req *r, const kvr_sim_seq_info *in)
 
 static void token_metrics(sim_req *r, kvr_sim_seq *seq, size_t idx)
 {
-    kvr_sim_api *api = r->api;
     uint64_t now = kvr_now_ns();
     if (idx == 0) {
         const kvr_sim_seq_info *in = kvr_sim_seq_get_info(seq);
         uint64_t adm = in->admitted_ns ? in->admitted_ns : now;
-        kvr_sim_vmetrics_first_token(api->vm, (double)(now - r->arrival_ns) / 1e9,
+        kvr_sim_vmetrics_first_token(r->eng->vm, (double)(now - r->arrival_ns) / 1e9,
                                      (double)(adm - in->arrival_ns) / 1e9, in->prompt_tokens);
     } else {
-        kvr_sim_vmetrics_token(api->vm, (double)(now - r->last_token_ns) / 1e9);
+        kvr_sim_vmetrics_token(r->eng->vm, (double)(now - r->last_token_ns) / 1e9);
     }
     r->last_token_ns = now;
 }
@@ -705,7 +706,7 @@ static void on_finish(void *ud, kvr_sim_seq *seq)
     sim_req *r = ud;
     const kvr_sim_seq_info *in = kvr_sim_seq_get_info(seq);
     r->seq = NULL; /* freed by the engine when this returns */
-    kvr_sim_vmetrics_finished(r->api->vm, (double)(kvr_now_ns() - r->arrival_ns) / 1e9);
+    kvr_sim_vmetrics_finished(r->eng->vm, (double)(kvr_now_ns() - r->arrival_ns) / 1e9);
     if (r->rx)
         store_response(r, in);
     r->in_cb = 1;
@@ -769,7 +770,7 @@ static void admit(sim_req *r)
     }
     uint32_t *t = r->tokens;
     r->tokens = NULL;
-    r->seq = kvr_sim_sched_submit(api->sched, t, r->ntok, r->max_tokens, &seq_cbs, r);
+    r->seq = kvr_sim_sched_submit(r->eng->sched, t, r->ntok, r->max_tokens, &seq_cbs, r);
     if (!r->seq) {
         if (r->stream) {
             drop(r);
@@ -931,8 +932,8 @@ static int render_status(kvr_http_req *req, int rc, const kvr_sim_toks *toks, co
 
 /* The engine's limits for a prompt of `p` tokens plus `max_tokens`: vLLM's context-length
  * 400, a request the pool can never hold, a full queue. Returns 0 or -1 (error sent). */
-static int check_limits(kvr_sim_api *api, kvr_http_req *req, size_t p, size_t max_tokens,
-                        const char *param)
+static int check_limits(kvr_sim_api *api, const kvr_sim_engine *e, kvr_http_req *req, size_t p,
+                        size_t max_tokens, const char *param)
 {
     char msg[400];
     if (p + max_tokens > api->cfg.max_model_len || p + max_tokens < p) {
@@ -944,16 +945,16 @@ static int check_limits(kvr_sim_api *api, kvr_http_req *req, size_t p, size_t ma
         send_error(req, 400, msg, param);
         return -1;
     }
-    if (!kvr_sim_sched_fits(api->sched, p + max_tokens)) {
+    if (!kvr_sim_sched_fits(e->sched, p + max_tokens)) {
         snprintf(msg, sizeof(msg),
                  "the request needs %zu tokens of KV cache but the cache holds only %zu "
                  "(--kv-blocks × --block-size)",
                  p + max_tokens,
-                 (size_t)kvr_sim_kv_num_blocks(api->kv) * kvr_sim_kv_block_size(api->kv));
+                 (size_t)kvr_sim_kv_num_blocks(e->kv) * kvr_sim_kv_block_size(e->kv));
         send_error(req, 400, msg, "max_tokens");
         return -1;
     }
-    if (kvr_sim_sched_num_waiting(api->sched) + api->ndelayed >= api->cfg.max_waiting) {
+    if (kvr_sim_sched_num_waiting(e->sched) + api->ndelayed >= api->cfg.max_waiting) {
         kvr_http_header ra = {"Retry-After", 11, "1", 1};
         send_error_ex(req, 503, "too many requests waiting (--max-waiting)", NULL, NULL, &ra, 1);
         return -1;
@@ -974,8 +975,8 @@ static void make_id(kvr_sim_api *api, const char *prefix, char *out, size_t cap)
 
 /* A request holding the prompt taken from `toks` (with room for the output, as the engine
  * wants). NULL after sending a 503. */
-static sim_req *new_req(kvr_sim_api *api, kvr_http_req *req, kvr_sim_toks *toks,
-                        size_t max_tokens, int kind, int stream)
+static sim_req *new_req(kvr_sim_api *api, kvr_sim_engine *e, kvr_http_req *req,
+                        kvr_sim_toks *toks, size_t max_tokens, int kind, int stream)
 {
     size_t p = toks->total;
     sim_req *r = calloc(1, sizeof(*r));
@@ -989,6 +990,7 @@ static sim_req *new_req(kvr_sim_api *api, kvr_http_req *req, kvr_sim_toks *toks,
         return NULL;
     }
     r->api = api;
+    r->eng = e;
     r->http = req;
     r->tokens = t2;
     r->ntok = p;
@@ -1013,11 +1015,25 @@ static void init_toks(kvr_sim_api *api, kvr_sim_toks *toks)
     toks->seen = api->pieces;
 }
 
+/* The rank serving a generation request (dp.h), or NULL after a 400. */
+static kvr_sim_engine *pick_engine(kvr_sim_api *api, kvr_http_req *req)
+{
+    char msg[200];
+    long r = kvr_sim_dp_pick(&api->dp, kvr_http_req_header(req, KVR_SIM_DP_HEADER), msg,
+                             sizeof(msg));
+    if (r < 0) {
+        send_error(req, 400, msg, NULL);
+        return NULL;
+    }
+    return &api->eng[r];
+}
+
 /* ---- /v1/chat/completions, /v1/completions ---- */
 
 static void completions(kvr_sim_api *api, kvr_http_req *req, int kind)
 {
-    json_t *j = parse_body(req);
+    kvr_sim_engine *e = pick_engine(api, req);
+    json_t *j = e ? parse_body(req) : NULL;
     if (!j)
         return;
     int stream;
@@ -1030,9 +1046,9 @@ static void completions(kvr_sim_api *api, kvr_http_req *req, int kind)
     int rc = kind == K_CHAT ? render_chat_req(j, &toks, &err, &param)
                             : kvr_sim_render_completion(&toks, json_object_get(j, "prompt"), &err);
     if (render_status(req, rc, &toks, err, param) < 0 ||
-        check_limits(api, req, toks.total, max_tokens, "messages") < 0)
+        check_limits(api, e, req, toks.total, max_tokens, "messages") < 0)
         goto out;
-    sim_req *r = new_req(api, req, &toks, max_tokens, kind, stream);
+    sim_req *r = new_req(api, e, req, &toks, max_tokens, kind, stream);
     if (r) {
         r->include_usage = json_is_true(
             json_object_get(json_object_get(j, "stream_options"), "include_usage"));
@@ -1227,7 +1243,8 @@ static int resp_keep_conv(kvr_sim_api *api, kvr_http_req *req, resp_extra *x,
 
 static void responses(kvr_sim_api *api, kvr_http_req *req)
 {
-    json_t *j = parse_body(req);
+    kvr_sim_engine *e = pick_engine(api, req);
+    json_t *j = e ? parse_body(req) : NULL;
     if (!j)
         return;
     int stream;
@@ -1237,10 +1254,10 @@ static void responses(kvr_sim_api *api, kvr_http_req *req)
     init_toks(api, &toks);
     if (read_gen_fields(api, req, j, K_RESPONSE, &stream, &max_tokens) < 0 ||
         !(x = resp_fields(req, j)) || resp_render(api, req, j, x, &toks, &start) < 0 ||
-        check_limits(api, req, toks.total, max_tokens, "input") < 0 ||
+        check_limits(api, e, req, toks.total, max_tokens, "input") < 0 ||
         resp_keep_conv(api, req, x, &toks, start, max_tokens) < 0)
         goto out;
-    sim_req *r = new_req(api, req, &toks, max_tokens, K_RESPONSE, stream);
+    sim_req *r = new_req(api, e, req, &toks, max_tokens, K_RESPONSE, stream);
     if (r) {
         r->rx = x;
         x = NULL;
@@ -1285,7 +1302,8 @@ static int render_messages_req(const json_t *j, kvr_sim_toks *toks, const char *
 
 static void messages(kvr_sim_api *api, kvr_http_req *req)
 {
-    json_t *j = parse_body(req);
+    kvr_sim_engine *e = pick_engine(api, req);
+    json_t *j = e ? parse_body(req) : NULL;
     if (!j)
         return;
     int stream;
@@ -1297,9 +1315,9 @@ static void messages(kvr_sim_api *api, kvr_http_req *req)
         goto out;
     int rc = render_messages_req(j, &toks, &err, &param);
     if (render_status(req, rc, &toks, err, param) < 0 ||
-        check_limits(api, req, toks.total, max_tokens, "messages") < 0)
+        check_limits(api, e, req, toks.total, max_tokens, "messages") < 0)
         goto out;
-    sim_req *r = new_req(api, req, &toks, max_tokens, K_MESSAGE, stream);
+    sim_req *r = new_req(api, e, req, &toks, max_tokens, K_MESSAGE, stream);
     if (r)
         start_req(r);
 out:
@@ -1643,16 +1661,29 @@ static void health(kvr_sim_api *api, kvr_http_req *req)
         send_error(req, st, "unhealthy (kvroute-sim --health-status)", NULL);
 }
 
+/* Every rank's events out at once (reset and evict answer after their events are sent). */
+static void flush_all(kvr_sim_api *api)
+{
+    for (size_t i = 0; i < api->neng; i++)
+        if (api->eng[i].events)
+            kvr_sim_events_flush_rank(api->eng[i].events, api->eng[i].ev_idx);
+}
+
+/* Resets every rank, as vLLM's reset_prefix_cache reaches every engine core; refused unless
+ * all of them can (nothing in use anywhere), so the ranks never disagree. */
 static void reset_cache(kvr_sim_api *api, kvr_http_req *req)
 {
-    if (kvr_sim_kv_reset(api->kv) < 0) {
-        send_error(req, 409,
-                   "cannot reset the prefix cache while requests hold blocks (vLLM refuses too)",
-                   NULL);
-        return;
-    }
-    if (api->events)
-        kvr_sim_events_flush(api->events); /* AllBlocksCleared goes out at once */
+    for (size_t i = 0; i < api->neng; i++)
+        if (kvr_sim_kv_num_used(api->eng[i].kv) > 0) {
+            send_error(req, 409,
+                       "cannot reset the prefix cache while requests hold blocks (vLLM refuses "
+                       "too)",
+                       NULL);
+            return;
+        }
+    for (size_t i = 0; i < api->neng; i++)
+        kvr_sim_kv_reset(api->eng[i].kv);
+    flush_all(api); /* AllBlocksCleared goes out at once */
     kvr_buf *b = &api->scratch;
     kvr_buf_reset(b);
     kvr_buf_puts(b, "{\"status\":\"ok\"}");
@@ -1661,9 +1692,10 @@ static void reset_cache(kvr_sim_api *api, kvr_http_req *req)
 
 static void evict_cache(kvr_sim_api *api, kvr_http_req *req)
 {
-    size_t n = kvr_sim_kv_evict_free(api->kv);
-    if (api->events)
-        kvr_sim_events_flush(api->events); /* the BlockRemoved go out at once */
+    size_t n = 0;
+    for (size_t i = 0; i < api->neng; i++)
+        n += kvr_sim_kv_evict_free(api->eng[i].kv);
+    flush_all(api); /* the BlockRemoved go out at once */
     kvr_buf *b = &api->scratch;
     kvr_buf_reset(b);
     kvr_buf_puts(b, "{\"evicted\":");
@@ -1705,39 +1737,76 @@ static void faults(kvr_sim_api *api, kvr_http_req *req, int post)
  * prefixes stands in for the share of LMCache's store in use. */
 static void lmcache_status(kvr_sim_api *api, kvr_http_req *req)
 {
-    double occ = (double)kvr_sim_kv_num_cached(api->kv) / (double)kvr_sim_kv_num_blocks(api->kv);
+    double cached = 0, total = 0;
+    for (size_t i = 0; i < api->neng; i++) {
+        cached += kvr_sim_kv_num_cached(api->eng[i].kv);
+        total += kvr_sim_kv_num_blocks(api->eng[i].kv);
+    }
+    double occ = cached / total;
     reply_json(req, 200, json_pack("{s:f,s:b}", "occupancy", occ > 1 ? 1.0 : occ,
                                    "cache_available", 1));
 }
 
-static void stats(kvr_sim_api *api, kvr_http_req *req)
+/* One rank's engine counters; the publisher's only on the rank that owns it (with shared
+ * KV events, rank 0), so that sums over ranks count each publisher once. */
+static json_t *rank_stats(const kvr_sim_engine *e)
 {
-    const kvr_sim_events *ev = api->events;
+    const kvr_sim_events *ev = e->owns_events ? e->events : NULL;
     json_t *j = json_pack(
-        "{s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:f}", "model", api->model,
-        "running", (json_int_t)kvr_sim_sched_num_running(api->sched), "waiting",
-        (json_int_t)kvr_sim_sched_num_waiting(api->sched), "delayed", (json_int_t)api->ndelayed,
-        "block_size", (json_int_t)kvr_sim_kv_block_size(api->kv), "kv_blocks",
-        (json_int_t)kvr_sim_kv_num_blocks(api->kv), "kv_blocks_used",
-        (json_int_t)kvr_sim_kv_num_used(api->kv), "kv_blocks_cached",
-        (json_int_t)kvr_sim_kv_num_cached(api->kv), "evictions",
-        (json_int_t)kvr_sim_kv_evictions(api->kv), "prefix_cache_queries",
-        (json_int_t)kvr_sim_sched_cache_queries(api->sched), "prefix_cache_hits",
-        (json_int_t)kvr_sim_sched_cache_hits(api->sched), "preemptions",
-        (json_int_t)kvr_sim_sched_preemptions(api->sched), "steps",
-        (json_int_t)kvr_sim_sched_steps(api->sched), "kv_events_next_seq",
+        "{s:i,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:f}", "rank", e->rank,
+        "running", (json_int_t)kvr_sim_sched_num_running(e->sched), "waiting",
+        (json_int_t)kvr_sim_sched_num_waiting(e->sched), "kv_blocks",
+        (json_int_t)kvr_sim_kv_num_blocks(e->kv), "kv_blocks_used",
+        (json_int_t)kvr_sim_kv_num_used(e->kv), "kv_blocks_cached",
+        (json_int_t)kvr_sim_kv_num_cached(e->kv), "evictions",
+        (json_int_t)kvr_sim_kv_evictions(e->kv), "prefix_cache_queries",
+        (json_int_t)kvr_sim_sched_cache_queries(e->sched), "prefix_cache_hits",
+        (json_int_t)kvr_sim_sched_cache_hits(e->sched), "preemptions",
+        (json_int_t)kvr_sim_sched_preemptions(e->sched), "steps",
+        (json_int_t)kvr_sim_sched_steps(e->sched), "kv_events_next_seq",
         (json_int_t)(ev ? kvr_sim_events_next_seq(ev) : 0), "kv_events_dropped",
         (json_int_t)(ev ? kvr_sim_events_dropped(ev) : 0), "model_us",
-        kvr_sim_sched_model_us(api->sched));
+        kvr_sim_sched_model_us(e->sched));
     json_object_set_new(j, "kv_event_batches_dropped",
                         json_integer(ev ? (json_int_t)kvr_sim_events_batches_dropped(ev) : 0));
     json_object_set_new(j, "kv_events_replays_ignored",
                         json_integer(ev ? (json_int_t)kvr_sim_events_replays_ignored(ev) : 0));
+    return j;
+}
+
+/* GET /sim/stats: the counters summed over the ranks (model_us: the furthest clock), and
+ * each rank's own under "ranks". */
+static void stats(kvr_sim_api *api, kvr_http_req *req)
+{
+    json_t *j = json_pack("{s:s,s:I,s:I,s:I}", "model", api->model, "delayed",
+                          (json_int_t)api->ndelayed, "block_size",
+                          (json_int_t)kvr_sim_kv_block_size(api->eng[0].kv),
+                          "data_parallel_size", (json_int_t)api->neng);
+    json_t *ranks = json_array();
+    for (size_t i = 0; i < api->neng; i++) {
+        json_t *r = rank_stats(&api->eng[i]);
+        const char *k;
+        json_t *v;
+        json_object_foreach(r, k, v) {
+            if (strcmp(k, "rank") == 0)
+                continue;
+            json_t *sum = json_object_get(j, k);
+            if (json_is_real(v))
+                json_object_set_new(j, k, json_real(sum && json_real_value(sum) > json_real_value(v)
+                                                        ? json_real_value(sum)
+                                                        : json_real_value(v)));
+            else
+                json_object_set_new(j, k, json_integer((sum ? json_integer_value(sum) : 0) +
+                                                       json_integer_value(v)));
+        }
+        json_array_append_new(ranks, r);
+    }
+    json_object_set_new(j, "ranks", ranks);
     json_object_set_new(j, "stored_responses",
                         json_integer((json_int_t)kvr_sim_resp_store_count(api->responses)));
     json_object_set_new(j, "detokenize_pieces",
                         json_integer((json_int_t)kvr_sim_pieces_count(api->pieces)));
-    const kvr_sim_sched_cfg *sc = kvr_sim_sched_get_cfg(api->sched);
+    const kvr_sim_sched_cfg *sc = kvr_sim_sched_get_cfg(api->eng[0].sched);
     json_object_set_new(
         j, "engine",
         json_pack("{s:s?,s:I,s:I,s:I,s:f,s:f,s:f,s:f,s:f}", "profile", api->cfg.profile,
@@ -1838,9 +1907,8 @@ void kvr_sim_api_handle(kvr_http_req *req, void *ud)
     send_error(req, 404, "not found", NULL);
 }
 
-kvr_sim_api *kvr_sim_api_new(uv_loop_t *loop, const kvr_sim_api_cfg *cfg, kvr_sim_sched *sched,
-                             kvr_sim_kv *kv, kvr_sim_events *events, kvr_sim_faults *faults,
-                             kvr_metrics *reg, kvr_sim_vmetrics *vm)
+kvr_sim_api *kvr_sim_api_new(uv_loop_t *loop, const kvr_sim_api_cfg *cfg, kvr_sim_engine *eng,
+                             size_t neng, kvr_sim_faults *faults, kvr_metrics *reg)
 {
     kvr_sim_api *api = calloc(1, sizeof(*api));
     if (!api)
@@ -1855,12 +1923,11 @@ kvr_sim_api *kvr_sim_api_new(uv_loop_t *loop, const kvr_sim_api_cfg *cfg, kvr_si
     api->loop = loop;
     api->cfg = *cfg;
     api->cfg.model = api->model;
-    api->sched = sched;
-    api->kv = kv;
-    api->events = events;
+    api->eng = eng;
+    api->neng = neng;
+    api->dp.nranks = neng;
     api->faults = faults;
     api->reg = reg;
-    api->vm = vm;
     kvr_buf_init(&api->scratch, 64u << 20);
     return api;
 }

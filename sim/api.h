@@ -21,7 +21,12 @@
  *   POST /sim/reset_prefix_cache (also vLLM's /reset_prefix_cache): AllBlocksCleared, or 409
  *        while blocks are in use (vLLM refuses then)
  *   POST /sim/evict: evicts every free cached block now (one BlockRemoved each) → {evicted}
- *   GET|POST /sim/faults (faults.h), GET /sim/stats (engine counters as JSON)
+ *   GET|POST /sim/faults (faults.h), GET /sim/stats (engine counters as JSON: summed over
+ *        the data-parallel ranks, each rank's own under "ranks")
+ *
+ * Data parallelism (--data-parallel-size N, engine.h): a generation request names its rank
+ * with `X-data-parallel-rank: r` (an integer in [0, N), else 400), or gets the next one in
+ * round robin; reset and evict act on every rank.
  *
  * Errors use the OpenAI shape (util/oai_error.h; Anthropic's on the /v1/messages paths): 400
  * bad JSON/fields/too long, 404 unknown model, path or previous_response_id, 405 wrong method,
@@ -34,12 +39,9 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "engine.h"
 #include "faults.h"
 #include "http/server.h"
-#include "kvcache.h"
-#include "kvevents.h"
-#include "scheduler.h"
-#include "vmetrics.h"
 
 /** Settings of the API layer (flags). Strings are copied. */
 typedef struct kvr_sim_api_cfg {
@@ -55,11 +57,11 @@ typedef struct kvr_sim_api_cfg {
 
 typedef struct kvr_sim_api kvr_sim_api;
 
-/** Wires the endpoints to the engine. None of the pointers is owned; `events` may be NULL
- *  (no KV events). NULL on OOM. */
-kvr_sim_api *kvr_sim_api_new(uv_loop_t *loop, const kvr_sim_api_cfg *cfg, kvr_sim_sched *sched,
-                             kvr_sim_kv *kv, kvr_sim_events *events, kvr_sim_faults *faults,
-                             kvr_metrics *reg, kvr_sim_vmetrics *vm);
+/** Wires the endpoints to the `neng` (>= 1) engine ranks (engine.h); a generation request
+ *  goes to the rank its X-data-parallel-rank header names (dp.h), round robin without one.
+ *  None of the pointers is owned. NULL on OOM. */
+kvr_sim_api *kvr_sim_api_new(uv_loop_t *loop, const kvr_sim_api_cfg *cfg, kvr_sim_engine *eng,
+                             size_t neng, kvr_sim_faults *faults, kvr_metrics *reg);
 /** The kvr_http_handler; `ud` is the kvr_sim_api. */
 void kvr_sim_api_handle(kvr_http_req *req, void *ud);
 /** The port the sim listens on, once bound: part of its response ids, so that sims sharing a

@@ -49,6 +49,20 @@ static void show_bind(FILE *out, const void *t, const kvr_flag *f)
     fputs(bind_names[*(const kvr_sim_ev_bind *)((const char *)t + f->off)], out);
 }
 
+static int set_dp_events(void *t, const kvr_flag *f, const char *v, char *err, size_t cap)
+{
+    (void)err, (void)cap;
+    if (strcmp(v, "per-rank") && strcmp(v, "shared"))
+        return -1;
+    *(int *)((char *)t + f->off) = strcmp(v, "shared") == 0;
+    return 0;
+}
+
+static void show_dp_events(FILE *out, const void *t, const kvr_flag *f)
+{
+    fputs(*(const int *)((const char *)t + f->off) ? "shared" : "per-rank", out);
+}
+
 /* The log level is process state, not part of kvr_sim_config: it lives in `log_level`. */
 static int set_level(void *t, const kvr_flag *f, const char *v, char *err, size_t cap)
 {
@@ -129,6 +143,12 @@ static const kvr_flag flags[] = {
       "payload bytes kept for replay"),
     F("kv-events-max-batch-bytes", SIZE, kv_events_max_batch_bytes, 64, 1e10,
       "cap on one batch of events"),
+    F("data-parallel-size", U32, data_parallel_size, 1, 256,
+      "engine ranks behind the one port, each with its own --kv-blocks cache and scheduler; "
+      "X-data-parallel-rank picks one (round robin without it)"),
+    C("kv-events-dp", kv_events_dp_shared, set_dp_events, show_dp_events,
+      "with --data-parallel-size > 1: per-rank (vLLM: rank r publishes on the endpoint's "
+      "port + r) | shared (all ranks on the one endpoint)"),
     F("seed", U64, seed, 0, 1.8e19, "seed of faults, output text and hashes"),
     F("max-waiting", SIZE, max_waiting, 1, 1e9, "queued requests before 503"),
     F("max-body-bytes", SIZE, max_body_bytes, 1024, 1e10, "request body cap"),

@@ -43,6 +43,10 @@ typedef struct kvr_sim_config {
                                           responses, unannounced (0 = never) */
     size_t detokenize_cache_entries; /**< pieces remembered for /detokenize (65536; 0 = none) */
     size_t max_stored_responses;     /**< /v1/responses kept for previous_response_id (10000) */
+    uint32_t data_parallel_size;     /**< engine ranks behind the one port, each with its own
+                                          --kv-blocks pool and scheduler (1; engine.h) */
+    int kv_events_dp_shared;         /**< with several ranks: all publish on the one endpoint
+                                          (1) rather than on endpoint port + rank (0) */
     kvr_sim_faults faults;           /**< initial fault settings */
 } kvr_sim_config;
 
