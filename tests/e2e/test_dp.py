@@ -369,3 +369,64 @@ def test_tau_bench_rank_aware_matches_four_separate_sims(tmp_path):
     # Every rank took a share of the conversations.
     ranks = [k for k in runs["cache_aware-dp"]["worker_requests"]]
     assert len(ranks) == 4 and all("#" in k for k in ranks), ranks
+
+
+# ============================================================================ kvroute-sim ranks
+def dp_sim(sim_factory, mode):
+    """kvroute-sim with 4 data-parallel ranks publishing KV events per rank (vLLM's ports + r)
+    or all on one endpoint; retried on a port clash."""
+    for _ in range(3):
+        pub = free_port()
+        rep = pub + RANKS if mode == "per-rank" else free_port()
+        try:
+            s = sim_factory("--time-scale", "0", "--data-parallel-size", str(RANKS),
+                            "--kv-events-dp", mode, "--kv-events-bind", "bind",
+                            "--kv-events-endpoint", "tcp://127.0.0.1:%d" % pub,
+                            "--kv-events-replay-endpoint", "tcp://127.0.0.1:%d" % rep)
+        except RuntimeError:
+            continue
+        s.pub, s.rep = pub, rep
+        return s
+    pytest.fail("no kvroute-sim with 4 ranks could bind its KV-event ports")
+
+
+@pytest.mark.parametrize("mode", ["per-rank", "shared"])
+def test_sim_ranks_serve_their_conversations_and_report_their_blocks(sim_factory, kvroute,
+                                                                     tmp_path, mode):
+    s = dp_sim(sim_factory, mode)
+    cfg = write_config(tmp_path / "kvroute.yaml", """\
+workers:
+  - url: "%s"
+    data_parallel_size: %d
+    kv_events: {endpoint: "tcp://127.0.0.1:%d", replay_endpoint: "tcp://127.0.0.1:%d",
+                rank_port_offset: %s}
+""" % (s.url, RANKS, s.pub, s.rep, "true" if mode == "per-rank" else "false"))
+    kv = kvroute([], model=SIM_MODEL, policy="precise", health_interval_ms=0,
+                 extra=["--config", str(cfg)])
+    ranks = ["%s#%d" % (s.url, r) for r in range(RANKS)]
+    wait_until(lambda: all(kv.metrics().get("kvroute_kv_events_state", worker=u) == 0
+                           for u in ranks), 10, interval=0.05, what="every rank's events exact")
+    before = {r["rank"]: r["prefix_cache_queries"] for r in s.stats()["ranks"]}
+    msgs = [{"role": "system", "content": " ".join("sys%d" % i for i in range(300))},
+            {"role": "user", "content": "hello"}]
+    got = set()
+    for t in range(3):
+        r = kv.post("/v1/chat/completions", {"model": SIM_MODEL, "messages": msgs,
+                                             "max_tokens": 4}, headers={"x-session-id": "s1"})
+        assert r.status_code == 200, r.text
+        got.add(r.headers["x-kvroute-worker"])
+        msgs += [{"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]},
+                 {"role": "user", "content": "more %d" % t}]
+    assert len(got) == 1, got
+    (worker,) = got
+    rank = int(worker.rsplit("#", 1)[1])
+    after = {r["rank"]: r["prefix_cache_queries"] for r in s.stats()["ranks"]}
+    served = {k for k in after if after[k] != before.get(k)}
+    assert served == {rank}, "the sim's ranks that served: %r, kvroute chose %d" % (served, rank)
+
+    def blocks(u):
+        return kv.metrics().get("kvroute_kv_blocks", worker=u, medium="GPU") or 0
+    wait_until(lambda: blocks(worker) > 0, 5, interval=0.05,
+               what="the serving rank's KV events in its index")
+    assert all(blocks(u) == 0 for u in ranks if u != worker), \
+        {u: blocks(u) for u in ranks}
