@@ -217,22 +217,6 @@ int kvr_admin_worker_parse(const json_t *body, kvr_api_worker *out, char *msg, s
     return 0;
 }
 
-/* 1 when `o` is a rank of the data-parallel engine named (or at URL) `name`: its name or
- * URL is "<name>#<rank>". */
-static int in_group(const kvr_worker *o, const char *name)
-{
-    if (o->dp_rank < 0)
-        return 0;
-    char rn[16];
-    size_t nl = strlen(name), k = (size_t)snprintf(rn, sizeof(rn), "#%d", o->dp_rank);
-    const char *ids[] = {o->name, o->url};
-    for (int i = 0; i < 2; i++)
-        if (strlen(ids[i]) == nl + k && strncmp(ids[i], name, nl) == 0 &&
-            strcmp(ids[i] + nl, rn) == 0)
-            return 1;
-    return kvr_config_same_url(o->base_url, name);
-}
-
 /* Why `aw` cannot join the fleet as it is now: 409 or 422 with `msg`, or 0 when it can. */
 static int refused(kvr_app *app, const kvr_api_worker *aw, char *msg, size_t cap)
 {
@@ -247,8 +231,8 @@ static int refused(kvr_app *app, const kvr_api_worker *aw, char *msg, size_t cap
         /* A data-parallel engine's URL and name stand for all its ranks. */
         if (kvr_config_same_url(o->url, aw->url) || strcmp(o->name, aw->name) == 0 ||
             strcmp(o->name, aw->url) == 0 || strcmp(o->url, aw->name) == 0 ||
-            kvr_config_same_url(kvr_worker_base(o), aw->url) || in_group(o, aw->name) ||
-            in_group(o, aw->url)) {
+            kvr_config_same_url(kvr_worker_base(o), aw->url) ||
+            kvr_worker_in_engine(o, aw->name) || kvr_worker_in_engine(o, aw->url)) {
             snprintf(msg, cap, "worker '%.300s' (%.300s) already has this URL or name", o->name,
                      o->url);
             return 409;
@@ -267,39 +251,17 @@ static int refused(kvr_app *app, const kvr_api_worker *aw, char *msg, size_t cap
     return 0;
 }
 
-/* A data-parallel engine joins as its ranks ("URL#r", named "NAME#r"), all or none; 201
- * with {url, name, data_parallel_size, workers: [rank rows]}. */
-static void add_ranks(kvr_app *app, kvr_http_req *r, const kvr_api_worker *aw,
-                      const char *const *models, size_t n)
+/* The answer about workers `ws` (one, or a data-parallel engine's ranks): a single worker's
+ * row, or {url, name, data_parallel_size, workers: [rank rows]}. */
+static json_t *rows_of(kvr_app *app, kvr_worker **ws, size_t n, const char *name)
 {
-    kvr_worker *added[KVR_MAX_DP_SIZE];
-    size_t k = 0, ranks = aw->data_parallel_size;
-    kvr_errlist errs = {0};
-    char url[URL_MAX + 16], name[WORKER_NAME_MAX + 16];
-    for (; k < ranks; k++) {
-        kvr_api_worker rk = *aw;
-        snprintf(url, sizeof(url), "%s#%zu", aw->url, k);
-        snprintf(name, sizeof(name), "%s#%zu", aw->name, k);
-        rk.url = url;
-        rk.name = name;
-        rk.dp_url = aw->url;
-        rk.dp_rank = (int)k;
-        if (!(added[k] = kvr_app_add_worker(app, &rk, models, n, &errs)))
-            break;
-    }
-    if (k < ranks) {
-        while (k-- > 0)
-            kvr_app_remove_worker(app, added[k]);
-        kvr_admin_reply_error(r, 503, errs.n ? errs.msg[0] : "cannot add the worker", NULL, 0);
-        kvr_errlist_free(&errs);
-        return;
-    }
+    if (n == 1 && ws[0]->dp_rank < 0)
+        return worker_row(app, ws[0], kvr_now_ms());
     json_t *rows = json_array();
-    for (k = 0; k < ranks; k++)
-        json_array_append_new(rows, worker_row(app, added[k], kvr_now_ms()));
-    kvr_admin_reply(r, 201, json_pack("{s:s,s:s,s:I,s:o}", "url", aw->url, "name", aw->name,
-                                      "data_parallel_size", (json_int_t)ranks, "workers", rows));
-    kvr_errlist_free(&errs);
+    for (size_t i = 0; i < n; i++)
+        json_array_append_new(rows, worker_row(app, ws[i], kvr_now_ms()));
+    return json_pack("{s:s,s:s,s:I,s:o}", "url", kvr_worker_base(ws[0]), "name", name,
+                     "data_parallel_size", (json_int_t)n, "workers", rows);
 }
 
 /* Adds `aw` with its model list (NULL when not read) and answers 201 with its row. Checked
@@ -314,13 +276,12 @@ static void add_now(kvr_app *app, kvr_http_req *r, const kvr_api_worker *aw,
         return;
     }
     kvr_errlist errs = {0};
-    if (aw->data_parallel_size > 1) {
-        add_ranks(app, r, aw, models, n);
-        return;
-    }
     kvr_worker *w = kvr_app_add_worker(app, aw, models, n, &errs);
+    kvr_worker *ws[KVR_MAX_DP_SIZE] = {w};
     if (w)
-        kvr_admin_reply(r, 201, worker_row(app, w, kvr_now_ms()));
+        kvr_admin_reply(r, 201, rows_of(app, ws, 1 + kvr_registry_ranks(app->reg, w, ws + 1,
+                                                                        KVR_MAX_DP_SIZE - 1),
+                                        aw->name));
     else
         kvr_admin_reply_error(r, 503, errs.n ? errs.msg[0] : "cannot add the worker", NULL, 0);
     kvr_errlist_free(&errs);
@@ -436,19 +397,6 @@ static void set_draining(kvr_worker *w, int on)
     w->draining = on;
 }
 
-/* The answer about workers `ws` (one, or a data-parallel engine's ranks): a single worker's
- * row, or {url, name, data_parallel_size, workers: [rank rows]}. */
-static json_t *rows_of(kvr_app *app, kvr_worker **ws, size_t n, const char *name)
-{
-    if (n == 1 && ws[0]->dp_rank < 0)
-        return worker_row(app, ws[0], kvr_now_ms());
-    json_t *rows = json_array();
-    for (size_t i = 0; i < n; i++)
-        json_array_append_new(rows, worker_row(app, ws[i], kvr_now_ms()));
-    return json_pack("{s:s,s:s,s:I,s:o}", "url", kvr_worker_base(ws[0]), "name", name,
-                     "data_parallel_size", (json_int_t)n, "workers", rows);
-}
-
 /* PATCH /workers/{name}: weight and drain, validated before anything changes; a data-parallel
  * engine's ranks all change. */
 static void patch_worker(kvr_app *app, kvr_http_req *r, kvr_worker **ws, size_t nw,
@@ -542,11 +490,7 @@ static size_t designated(kvr_app *app, const char *name, kvr_worker **out, size_
         out[0] = w;
         return 1;
     }
-    size_t k = 0;
-    for (size_t i = 0; i < kvr_registry_count(app->reg) && k < cap; i++)
-        if (in_group(kvr_registry_at(app->reg, i), name))
-            out[k++] = kvr_registry_at(app->reg, i);
-    return k;
+    return kvr_registry_find_engine(app->reg, name, out, cap);
 }
 
 void kvr_admin_worker(kvr_app *app, kvr_http_req *r)

@@ -166,7 +166,9 @@ void kvr_app_rediscover(kvr_app *app);
  *  `errs` (the routes then unchanged). */
 int kvr_app_build_routes(kvr_app *app, const kvr_config *c, kvr_errlist *errs);
 
-/** Adds worker `aw` (copied) at run time: registers it (role set; `models`, `nmodels` ids,
+/** Adds worker `aw` (copied) at run time — a data-parallel engine (data_parallel_size > 1,
+ *  dp_url unset) as its ranks "URL#r" named "NAME#r", all or none, returning rank 0 (its
+ *  other ranks: kvr_registry_ranks) —: registers it (role set; `models`, `nmodels` ids,
  *  may be NULL, as its /v1/models list) and rebuilds the routes keeping what they learned.
  *  Its targets: the routes `aw` names; else, with --model, that one route (as any --worker);
  *  else the routes whose name, alias or target model its list holds (a discovered route is

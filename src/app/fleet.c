@@ -277,8 +277,8 @@ int kvr_app_apply(kvr_app *app, kvr_config *c, kvr_errlist *errs)
     return rc;
 }
 
-kvr_worker *kvr_app_add_worker(kvr_app *app, const kvr_api_worker *aw,
-                               const char *const *models, size_t nmodels, kvr_errlist *errs)
+static kvr_worker *add_one(kvr_app *app, const kvr_api_worker *aw, const char *const *models,
+                           size_t nmodels, kvr_errlist *errs)
 {
     kvr_api_worker *list = realloc(app->api_workers, (app->napi_workers + 1) * sizeof(*list));
     if (!list) {
@@ -317,6 +317,34 @@ kvr_worker *kvr_app_add_worker(kvr_app *app, const kvr_api_worker *aw,
     if (!oom)
         app->napi_workers--;
     kvr_api_worker_free(cp);
+    return NULL;
+}
+
+kvr_worker *kvr_app_add_worker(kvr_app *app, const kvr_api_worker *aw,
+                               const char *const *models, size_t nmodels, kvr_errlist *errs)
+{
+    if (aw->data_parallel_size <= 1 || aw->dp_url)
+        return add_one(app, aw, models, nmodels, errs);
+    /* A data-parallel engine joins as its ranks ("URL#r", named "NAME#r"), all or none. */
+    kvr_worker *ranks[KVR_MAX_DP_SIZE];
+    size_t k = 0, n = aw->data_parallel_size < KVR_MAX_DP_SIZE ? aw->data_parallel_size
+                                                                 : KVR_MAX_DP_SIZE;
+    char url[2200], name[2200];
+    for (; k < n; k++) {
+        kvr_api_worker rk = *aw;
+        snprintf(url, sizeof(url), "%s#%zu", aw->url, k);
+        snprintf(name, sizeof(name), "%s#%zu", aw->name, k);
+        rk.url = url;
+        rk.name = name;
+        rk.dp_url = aw->url;
+        rk.dp_rank = (int)k;
+        if (!(ranks[k] = add_one(app, &rk, models, nmodels, errs)))
+            break;
+    }
+    if (k == n)
+        return ranks[0];
+    while (k-- > 0)
+        kvr_app_remove_worker(app, ranks[k]);
     return NULL;
 }
 

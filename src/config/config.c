@@ -102,6 +102,9 @@ static const kvr_flag flags[] = {
        "the workers' KV-event replay port in the EndpointSlices, a name or number"),
     FL("k8s-kv-topic", STR, k8s.kv_topic, 0, 0,
        "topic of the discovered workers' KV events (unset = every message)"),
+    FL("k8s-data-parallel-size", U32, k8s.data_parallel_size, 1, KVR_MAX_DP_SIZE,
+       "data-parallel ranks of each discovered engine (vLLM --data-parallel-size): it becomes "
+       "URL#0..URL#N-1, rank r's KV events on the events port + r"),
     FL("k8s-watch-timeout-s", U64, k8s.watch_timeout_s, 1, 3600,
        "timeoutSeconds of each EndpointSlice watch (then resumed)"),
     FL("k8s-backoff-max-ms", U64, k8s.backoff_max_ms, 1, 3600000,
@@ -841,12 +844,9 @@ static void check_otlp(const kvr_config *c, kvr_errlist *errs)
  * replay ports by its rank), in the arena; NULL when it is malformed or overflows. */
 static const char *offset_port(kvr_config *c, const char *ep, uint32_t add)
 {
-    char host[256], port[16], out[300];
-    if (!ep || kvr_kv_events_split(ep, host, sizeof(host), port, sizeof(port)) < 0 ||
-        atoi(port) + (long)add > 65535)
+    char out[300];
+    if (!ep || kvr_kv_events_offset(ep, add, out, sizeof(out)) < 0)
         return NULL;
-    snprintf(out, sizeof(out), strchr(host, ':') ? "tcp://[%s]:%ld" : "tcp://%s:%ld", host,
-             atoi(port) + (long)add);
     return kvr_config_strndup(c, out, strlen(out));
 }
 

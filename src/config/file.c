@@ -39,10 +39,12 @@ static const char *const TOP_KEYS[] = {"listen",  "admin",  "auth",       "defau
                                        "discovery", "redis"};
 static const char *const DISCOVERY_KEYS[] = {"kubernetes"};
 static const char *const K8S_KEYS[] = {"service",        "namespace",      "port",
-                                       "kv_events_port", "kv_replay_port", "kv_topic"};
+                                       "kv_events_port", "kv_replay_port", "kv_topic",
+                                       "data_parallel_size"};
 static const char *const K8S_FLAGS[] = {"k8s-service",        "k8s-namespace",
                                         "k8s-port",           "k8s-kv-events-port",
-                                        "k8s-kv-replay-port", "k8s-kv-topic"};
+                                        "k8s-kv-replay-port", "k8s-kv-topic",
+                                        "k8s-data-parallel-size"};
 static const char *const REDIS_KEYS[] = {"url", "key_prefix", "password_file"};
 static const char *const REDIS_FLAGS[] = {"redis", "redis-key-prefix", "redis-password-file"};
 static const char *const LISTEN_KEYS[] = {"host", "port"};

@@ -226,6 +226,17 @@ int kvr_kv_events_split(const char *url, char *host, size_t hcap, char *port, si
     return 0;
 }
 
+int kvr_kv_events_offset(const char *url, unsigned add, char *out, size_t cap)
+{
+    char host[256], port[16];
+    if (kvr_kv_events_split(url, host, sizeof(host), port, sizeof(port)) < 0 ||
+        atol(port) + (long)add > 65535)
+        return -1;
+    int n = snprintf(out, cap, strchr(host, ':') ? "tcp://[%s]:%ld" : "tcp://%s:%ld", host,
+                     atol(port) + (long)add);
+    return n > 0 && (size_t)n < cap ? 0 : -1;
+}
+
 static void start_resolve(kvr_kv_events *ev, size_t id, wrec *r, int which);
 
 static void subscribe(kvr_kv_events *ev, size_t id, wrec *r)

@@ -53,6 +53,12 @@ typedef struct kvr_kv_events_spec {
  *  The config check and the runtime use this one parser. */
 int kvr_kv_events_split(const char *url, char *host, size_t hcap, char *port, size_t pcap);
 
+/** Writes endpoint `url` ("tcp://HOST:PORT") with its port raised by `add` into `out` (cap
+ *  bytes): where data-parallel rank `add` of a vLLM engine publishes (vLLM offsets each
+ *  rank's publisher and replay ports by its rank). Returns 0, or -1 when `url` is malformed,
+ *  the port passes 65535 or `out` is too small. */
+int kvr_kv_events_offset(const char *url, unsigned add, char *out, size_t cap);
+
 /** Connect-time egress check (kvr_app_allow_connect): 1 allows dialling `sa` for `url`. */
 typedef int (*kvr_kv_allow_fn)(void *ud, const char *url, const struct sockaddr *sa);
 

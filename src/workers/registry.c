@@ -143,6 +143,39 @@ int kvr_registry_readd(kvr_registry *r, kvr_worker *w)
     return 0;
 }
 
+/* `a` and `b` equal but for trailing slashes (the same engine URL). */
+static int same_base(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    while (la > 7 && a[la - 1] == '/')
+        la--;
+    while (lb > 7 && b[lb - 1] == '/')
+        lb--;
+    return la == lb && memcmp(a, b, la) == 0;
+}
+
+int kvr_worker_in_engine(const kvr_worker *w, const char *id)
+{
+    if (w->dp_rank < 0)
+        return 0;
+    if (same_base(w->base_url, id))
+        return 1;
+    char rn[16];
+    size_t nl = strlen(id), k = (size_t)snprintf(rn, sizeof(rn), "#%d", w->dp_rank);
+    return strlen(w->name) == nl + k && strncmp(w->name, id, nl) == 0 &&
+           strcmp(w->name + nl, rn) == 0;
+}
+
+size_t kvr_registry_find_engine(const kvr_registry *r, const char *id, kvr_worker **out,
+                                size_t cap)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < r->n && k < cap; i++)
+        if (kvr_worker_in_engine(r->w[i], id))
+            out[k++] = r->w[i];
+    return k;
+}
+
 size_t kvr_registry_ranks(const kvr_registry *r, const kvr_worker *engine, kvr_worker **out,
                           size_t cap)
 {

@@ -48,6 +48,13 @@ kvr_worker *kvr_registry_find_name(const kvr_registry *r, const char *name);
  *  there are (may exceed `cap`). */
 size_t kvr_registry_ranks(const kvr_registry *r, const kvr_worker *engine, kvr_worker **out,
                           size_t cap);
+/** 1 when `w` is a rank of the data-parallel engine `id` names: its URL (trailing slashes
+ *  aside) or its name (the rank's name is "<id>#<rank>"). */
+int kvr_worker_in_engine(const kvr_worker *w, const char *id);
+/** The registered ranks of the data-parallel engine `id` names (kvr_worker_in_engine), in
+ *  registration order, up to `cap` into `out`. Returns how many were stored (0: none). */
+size_t kvr_registry_find_engine(const kvr_registry *r, const char *id, kvr_worker **out,
+                                size_t cap);
 /** Number of eligible workers (kvr_worker_eligible). */
 size_t kvr_registry_eligible_count(const kvr_registry *r);
 

@@ -430,3 +430,43 @@ workers:
                what="the serving rank's KV events in its index")
     assert all(blocks(u) == 0 for u in ranks if u != worker), \
         {u: blocks(u) for u in ranks}
+
+
+# ============================================================================ Kubernetes
+def test_kubernetes_endpoint_of_a_dp_engine_joins_drains_and_leaves_as_all_ranks(stub, kvroute,
+                                                                                 tmp_path):
+    from k8s_stub import K8sStub, endpoint
+    d = tmp_path / "k8s"
+    d.mkdir()
+    api = K8sStub(d)
+    try:
+        tok = d / "token"
+        tok.write_text(api.token)
+        w, plain = stub(), stub()
+        api.set_slice("s-w", "vllm", [endpoint("pod-w")], w.port)
+        port, aflags = admin_port_flags()
+        kv = kvroute([plain.url], health_interval_ms=0, wait_ready=False,
+                     extra=["--k8s-service", "vllm", "--k8s-namespace", "default",
+                            "--k8s-api-url", api.url, "--k8s-token-file", str(tok),
+                            "--k8s-ca-file", str(api.ca), "--k8s-backoff-max-ms", "300",
+                            "--k8s-data-parallel-size", "3"] + aflags)
+        kv.wait_ready()
+        ranks = {"%s#%d" % (w.url, r) for r in range(3)}
+
+        def urls():
+            return {x["url"]: x for x in admin_get(port, "/workers")["workers"]}
+        wait_until(lambda: ranks <= set(urls()), 3, interval=0.05, what="the engine's 3 ranks")
+        assert {urls()[u]["name"] for u in ranks} == {"pod-w#0", "pod-w#1", "pod-w#2"}
+        for i in range(8):
+            assert kv.chat(content="k%d" % i).status_code == 200
+        got = {header_value(e, "x-data-parallel-rank") for e in w.requests("/v1/chat/completions")}
+        assert got == {"0", "1", "2"}, got
+        api.set_slice("s-w", "vllm", [endpoint("pod-w", ready=False, serving=True,
+                                               terminating=True)], w.port)
+        wait_until(lambda: all(urls()[u]["draining"] for u in ranks), 3, interval=0.05,
+                   what="every rank draining")
+        api.delete_slice("s-w")
+        wait_until(lambda: set(urls()) == {plain.url}, 3, interval=0.05,
+                   what="every rank gone with the endpoint")
+    finally:
+        api.stop()
