@@ -95,6 +95,7 @@ static kvr_worker *sync_worker(kvr_app *app, const kvr_worker_spec *ws, kvr_errl
 {
     kvr_worker *w = kvr_registry_find_url(app->reg, ws->url);
     if (w) {
+        w->dp_size = ws->dp_url ? (int)ws->data_parallel_size : 0; /* a reload resized it */
         if (strcmp(w->name, ws->name) != 0) {
             char *n = strdup(ws->name);
             if (n) {

@@ -70,6 +70,7 @@ typedef struct preq {
     int pinned;           /* the Responses API id of the answer is pinned to its worker */
     char attempts[KVR_FMT_U64_MAX]; /* x-kvroute-attempts */
     size_t tried[MAX_ATTEMPTS]; /* worker ids already attempted */
+    const kvr_worker *tried_engine[MAX_ATTEMPTS]; /* and their engines (kvr_worker.engine) */
     size_t ntried;
     kvr_buf held;         /* SSE: bytes of an event not yet complete, relayed when it is */
     kvr_usage usage;
@@ -1147,15 +1148,26 @@ static void begin(preq *p)
     start_attempt(p);
 }
 
-/* Workers of the route at their max_inflight, added to the exclusion list after the tried
- * ones; returns the list's new length. */
+/* 1 when `w` runs in an engine an attempt of `p` already tried: another rank of a
+ * data-parallel engine that failed is the same process behind the same port. */
+static int engine_tried(const preq *p, const kvr_worker *w)
+{
+    for (size_t i = 0; i < p->ntried; i++)
+        if (p->tried_engine[i] == w->engine)
+            return 1;
+    return 0;
+}
+
+/* Workers of the route at their max_inflight, and the other ranks of the engines already
+ * tried, added to the exclusion list after the tried ones; returns the list's new length. */
 static size_t exclude_full(preq *p, size_t *ex, size_t cap)
 {
     size_t n = p->ntried;
     memcpy(ex, p->tried, n * sizeof(*ex));
     for (size_t i = 0; i < p->route->ntargets && n < cap; i++) {
         const kvr_worker *w = p->route->targets[i].worker;
-        if (w->max_inflight && (uint64_t)kvr_worker_load(w) >= w->max_inflight)
+        if ((w->max_inflight && (uint64_t)kvr_worker_load(w) >= w->max_inflight) ||
+            (w->dp_rank >= 0 && engine_tried(p, w)))
             ex[n++] = w->id;
     }
     return n;
@@ -1373,6 +1385,7 @@ static int start_attempt(preq *p)
     size_t blen;
     attempt_span_close(p); /* the attempt this one replaces */
     p->w = p->pick.worker;
+    p->tried_engine[p->ntried] = p->w->engine;
     p->tried[p->ntried++] = p->w->id;
     const char *body = attempt_body(p, &blen);
     /* A stored response's path carries its id and query: forwarded as the client sent it. */
