@@ -162,6 +162,24 @@ def test_breaker_opened_by_one_rank_covers_the_engine(stub, kvroute):
         assert r.status_code == 200 and r.headers["x-kvroute-worker"] == other.url
 
 
+def test_a_retry_skips_the_other_ranks_of_the_engine_that_failed(stub, kvroute):
+    w, other = stub(), stub()
+    kv = kvroute(["%s@%d" % (w.url, RANKS), other.url], policy="round_robin",
+                 health_interval_ms=0,
+                 extra=["--max-retries", "2", "--breaker-failures", "0"])
+    for i in range(10):
+        r = kv.chat(headers={"x-stub-mode": "fail:503"}, content="retry%d" % i)
+        assert r.status_code == 503
+    per_request = {}
+    for stub_, tag in ((w, "dp"), (other, "plain")):
+        for e in stub_.requests("/v1/chat/completions"):
+            per_request.setdefault(header_value(e, "x-request-id"), []).append(tag)
+    assert len(per_request) == 10
+    for rid, tags in per_request.items():
+        # one attempt per engine: a rank of the failed engine is the same process
+        assert sorted(tags) == ["dp", "plain"], (rid, tags)
+
+
 # ============================================================================ fleet changes
 def test_reload_removing_a_dp_worker_removes_all_its_ranks(stub, kvroute, tmp_path):
     dp, plain = stub(), stub()
