@@ -79,6 +79,10 @@ static json_t *worker_row(kvr_app *app, const kvr_worker *w, uint64_t now)
                           "kv_usage", w->kv_usage, "kv_tokens", (json_int_t)w->kv_tokens,
                           "routes", routes);
     json_object_set_new(o, "lmcache", worker_lmcache(w, now));
+    /* A data-parallel rank: which one, and the engine URL its requests go to. */
+    json_object_set_new(o, "data_parallel_rank", w->dp_rank >= 0 ? json_integer(w->dp_rank)
+                                                                 : json_null());
+    json_object_set_new(o, "engine_url", json_string(kvr_worker_base(w)));
     if (app->kv && kvr_kv_events_configured(app->kv, w->id)) {
         kvr_kv_worker_stats ks;
         kvr_kv_index_worker_stats(kvr_kv_events_index(app->kv), w->id, &ks);

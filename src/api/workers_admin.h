@@ -17,7 +17,8 @@
  *  "prefill", "decode"), source ("config", or "api" for a worker added at run time),
  *  eligible, healthy, breaker ("closed", "open" or "half_open"), draining, inflight,
  *  requests, index_blocks, index_capacity, sessions (summed over its routes), queue, running,
- *  kv_usage, kv_tokens, routes:[route names], lmcache, kv_events, kv_blocks?} (a
+ *  kv_usage, kv_tokens, routes:[route names], lmcache, kv_events, kv_blocks?,
+ *  data_parallel_rank (null for a plain worker), engine_url (the URL its requests go to)} (a
  *  data-parallel engine's ranks are rows of their own, "URL#r").
  *  POST /workers with {"url", "name"?, "weight"?, "routes"?: [route names or aliases],
  *  "role"?, "data_parallel_size"?} adds a worker (kvr_app_add_worker) → 201 and its row; a

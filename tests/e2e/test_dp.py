@@ -200,6 +200,10 @@ routes:
     assert sorted(r["url"] for r in rows) == sorted(
         ["%s#%d" % (dp.url, r) for r in range(3)] + [plain.url])
     assert sorted(r["name"] for r in rows) == ["engine-a#0", "engine-a#1", "engine-a#2", "plain"]
+    by_name = {r["name"]: r for r in rows}
+    assert by_name["engine-a#2"]["data_parallel_rank"] == 2
+    assert by_name["engine-a#2"]["engine_url"] == dp.url
+    assert by_name["plain"]["data_parallel_rank"] is None
     routes = admin_get(port, "/routes")
     for i in range(6):
         assert kv.chat(content="r%d" % i).status_code == 200
