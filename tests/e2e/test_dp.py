@@ -394,22 +394,36 @@ def test_tau_bench_rank_aware_matches_four_separate_sims(tmp_path):
 
 
 # ============================================================================ kvroute-sim ranks
-def dp_sim(sim_factory, mode):
-    """kvroute-sim with 4 data-parallel ranks publishing KV events per rank (vLLM's ports + r)
-    or all on one endpoint; retried on a port clash."""
-    for _ in range(3):
-        pub = free_port()
-        rep = pub + RANKS if mode == "per-rank" else free_port()
+def free_port_run(n):
+    """A port p with p..p+n-1 all free on 127.0.0.1 now (vLLM's per-rank ports are p + r)."""
+    import socket
+    for _ in range(50):
+        p = free_port()
+        socks = []
         try:
-            s = sim_factory("--time-scale", "0", "--data-parallel-size", str(RANKS),
-                            "--kv-events-dp", mode, "--kv-events-bind", "bind",
-                            "--kv-events-endpoint", "tcp://127.0.0.1:%d" % pub,
-                            "--kv-events-replay-endpoint", "tcp://127.0.0.1:%d" % rep)
-        except RuntimeError:
+            for i in range(n):
+                sk = socket.socket()
+                socks.append(sk)
+                sk.bind(("127.0.0.1", p + i))
+            return p
+        except OSError:
             continue
-        s.pub, s.rep = pub, rep
-        return s
-    pytest.fail("no kvroute-sim with 4 ranks could bind its KV-event ports")
+        finally:
+            for sk in socks:
+                sk.close()
+    pytest.fail("no run of %d free ports" % n)
+
+
+def dp_sim(sim_factory, mode):
+    """kvroute-sim with 4 data-parallel ranks publishing KV events per rank (vLLM's ports + r:
+    pub..pub+3, replay..replay+3) or all on one endpoint."""
+    pub = free_port_run(2 * RANKS)
+    s = sim_factory("--time-scale", "0", "--data-parallel-size", str(RANKS),
+                    "--kv-events-dp", mode, "--kv-events-bind", "bind",
+                    "--kv-events-endpoint", "tcp://127.0.0.1:%d" % pub,
+                    "--kv-events-replay-endpoint", "tcp://127.0.0.1:%d" % (pub + RANKS))
+    s.pub, s.rep = pub, pub + RANKS
+    return s
 
 
 @pytest.mark.parametrize("mode", ["per-rank", "shared"])
