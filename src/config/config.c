@@ -73,7 +73,9 @@ static const kvr_flag flags[] = {
     FL("config", STR, config_file, 0, 0, "YAML config file (routes, workers, settings)"),
     FL("check", BOOL, check, 0, 0, "validate the configuration, print a summary and exit"),
     {.name = "worker", .type = KVR_FLAG_CUSTOM, .off = OFF(workers),
-     .help = "worker base URL, e.g. http://127.0.0.1:9001 (repeatable)", .set = set_worker,
+     .help = "worker base URL, e.g. http://127.0.0.1:9001 (repeatable); URL@N: a vLLM engine "
+             "of N data-parallel ranks, routed as URL#0..URL#N-1",
+     .set = set_worker,
      .show = show_worker},
     FL("model", STR, model, 0, 0,
        "one route of this name over every worker (default: a route per model the workers' "

@@ -468,6 +468,23 @@ workers:
         {u: blocks(u) for u in ranks}
 
 
+def test_one_scrape_per_engine_gives_each_rank_its_own_figures(sim_factory, kvroute):
+    """vLLM labels each rank's series engine="r": every rank gets its own KV capacity (not the
+    engine's sum) and its own kvroute_worker_kv_usage series."""
+    s = sim_factory("--time-scale", "0", "--data-parallel-size", str(RANKS), "--kv-blocks", "100")
+    port, aflags = admin_port_flags()
+    kv = kvroute(["%s@%d" % (s.url, RANKS)], model=SIM_MODEL, health_interval_ms=0,
+                 extra=["--scrape-interval", "1"] + aflags)
+    ranks = ["%s#%d" % (s.url, r) for r in range(RANKS)]
+
+    def rows():
+        return {x["url"]: x for x in admin_get(port, "/workers")["workers"]}
+    wait_until(lambda: all(rows()[u]["kv_tokens"] == 100 * 16 for u in ranks), 5,
+               interval=0.1, what="each rank's own KV capacity (100 blocks of 16)")
+    m = kv.metrics()
+    assert {lb["worker"] for lb, _ in m.find("kvroute_worker_kv_usage")} == set(ranks)
+
+
 # ============================================================================ Kubernetes
 def test_kubernetes_endpoint_of_a_dp_engine_joins_drains_and_leaves_as_all_ranks(stub, kvroute,
                                                                                  tmp_path):
