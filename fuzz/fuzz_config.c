@@ -4,6 +4,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -51,6 +52,25 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         for (size_t s = 0; s < rs->nsettings; s++)
             if (!rs->settings[s].key || !rs->settings[s].value)
                 __builtin_trap();
+    }
+    kvr_config_free(&c);
+    kvr_errlist_free(&errs);
+
+    /* The whole load over the file: checks, then data-parallel workers expanded into ranks
+     * (each "URL#r" of its engine URL, targets naming them). */
+    char *argv[] = {"kvroute", "--config", path};
+    kvr_config_default(&c);
+    memset(&errs, 0, sizeof(errs));
+    if (kvr_config_load(&c, 3, argv, &errs) == 0) {
+        for (size_t i = 0; i < c.nworkers; i++) {
+            const kvr_worker_spec *w = &c.workers[i];
+            if (w->dp_url && (w->dp_rank < 0 || (uint32_t)w->dp_rank >= w->data_parallel_size ||
+                              strncmp(w->url, w->dp_url, strlen(w->dp_url)) != 0 ||
+                              w->url[strlen(w->dp_url)] != '#'))
+                __builtin_trap();
+        }
+        if (c.nworkers > KVR_MAX_RANK_WORKERS)
+            __builtin_trap();
     }
     kvr_config_free(&c);
     kvr_errlist_free(&errs);

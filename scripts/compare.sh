@@ -4,6 +4,12 @@
 # whole fleet's KV capacity (the pooled bound: perfect pooling, the best any routing over that
 # fleet could reach). Prints one table; --json and --png write it. Usage: docs/bench.md.
 #
+# With --dp N each policy runs three times over the same KV capacity and compute: --workers
+# kvroute-sims of N data-parallel ranks each (kvroute-sim --data-parallel-size N) routed
+# rank-aware (kvroute --worker URL@N: run "POLICY-dp"), the same sims as plain workers (the
+# engine spreads header-less requests over its ranks itself: "POLICY-plain"), and --workers x N
+# separate sims ("POLICY-separate"); the pooled bound holds all --workers x N ranks' capacity.
+#
 # With precise in --policies every worker of every run also publishes vLLM KV events (ZeroMQ PUB
 # and replay sockets on free 127.0.0.1 ports) and kvroute subscribes to them (--kv-events), so
 # all policies run on the same fleet set-up. --bypass-share sends a share of the requests
@@ -26,6 +32,10 @@ usage: scripts/compare.sh --trace FILE|DIR --format F --json OUT [options]
   --json OUT              write {"bound_hit_rate", "policies": {...}} here
   --png OUT               also draw hit rate and TTFT per policy (gnuplot)
   --workers N             workers in the fleet (default 4)
+  --dp N                  data-parallel ranks per worker (default 1): each policy runs as
+                          POLICY-dp (N-rank sims routed rank-aware, --worker URL@N),
+                          POLICY-plain (the same sims as plain workers) and POLICY-separate
+                          (workers x N separate sims); adds "dp" to --json
   --policies LIST         comma-separated (default round_robin,least_load,consistent_hash,cache_aware;
                           any of kvroute's, e.g. precise: then every run's workers publish KV
                           events and kvroute subscribes to them)
@@ -71,6 +81,7 @@ EOF
 
 TRACE="" FORMAT="" JSON_OUT="" PNG_OUT=""
 WORKERS=4
+DP=1
 POLICIES="round_robin,least_load,consistent_hash,cache_aware"
 KV_BLOCKS=32768
 BLOCK_SIZE=16
@@ -96,6 +107,7 @@ while [ $# -gt 0 ]; do
     --json) need "$@"; JSON_OUT=$2; shift 2 ;;
     --png) need "$@"; PNG_OUT=$2; shift 2 ;;
     --workers) need "$@"; WORKERS=$2; shift 2 ;;
+    --dp) need "$@"; DP=$2; shift 2 ;;
     --policies) need "$@"; POLICIES=$2; shift 2 ;;
     --kv-blocks) need "$@"; KV_BLOCKS=$2; shift 2 ;;
     --block-size) need "$@"; BLOCK_SIZE=$2; shift 2 ;;
@@ -129,10 +141,13 @@ while [ $# -gt 0 ]; do
     esac
 done
 [ -n "$TRACE" ] && [ -n "$FORMAT" ] && [ -n "$JSON_OUT" ] || { usage >&2; exit 2; }
-for n in "$WORKERS" "$KV_BLOCKS" "$BLOCK_SIZE" "$MAX_REQUESTS" "$SEED" "$REPLAY_TIMEOUT"; do
+for n in "$WORKERS" "$DP" "$KV_BLOCKS" "$BLOCK_SIZE" "$MAX_REQUESTS" "$SEED" "$REPLAY_TIMEOUT"; do
     [[ "$n" =~ ^[0-9]+$ ]] || { echo "compare.sh: '$n' is not a non-negative integer" >&2; exit 2; }
 done
 [ "$WORKERS" -ge 1 ] || { echo "compare.sh: --workers must be at least 1" >&2; exit 2; }
+[ "$DP" -ge 1 ] && [ "$DP" -le 64 ] || { echo "compare.sh: --dp must be 1..64" >&2; exit 2; }
+# Engines (rank-aware or separate) of the fleet: what the bound and the gate are sized for.
+FLEET=$((WORKERS * DP))
 [[ "$REPLICAS" =~ ^[0-9]+$ ]] && [ "$REPLICAS" -ge 1 ] && [ "$REPLICAS" -le 16 ] ||
     { echo "compare.sh: --replicas must be 1..16" >&2; exit 2; }
 case "$SHARED" in redis | none) ;; *) echo "compare.sh: --shared-state is redis or none" >&2; exit 2 ;; esac
@@ -173,7 +188,7 @@ fi
 if [ "$SWEEP" = 0 ] && [ "${MODE_ARGS[0]:-}" != "--timestamps" ] && [ "${MODE_ARGS[0]:-}" != "--rate" ] &&
     [[ " ${ROUTER_EXTRA[*]-} " != *balance-abs-threshold* ]]; then
     conc=${MODE_ARGS[1]:-16}
-    gate=$((conc / WORKERS))
+    gate=$((conc / FLEET))
     [ "$gate" -ge 2 ] || gate=2
     ROUTER_EXTRA+=("--balance-abs-threshold=$gate")
 fi
@@ -181,6 +196,10 @@ IFS=, read -r -a POLICY_LIST <<<"$POLICIES"
 # precise needs the workers' KV events; then every run gets them, so policies differ only by name.
 KV_EVENTS=0
 for p in "${POLICY_LIST[@]}"; do [ "$p" = precise ] && KV_EVENTS=1; done
+# A data-parallel sim publishes every rank's events on its one endpoint (kvroute dispatches
+# them by data_parallel_rank), so --kv-events URL=EP needs no per-rank ports.
+DP_SIM=()
+[ "$DP" -gt 1 ] && DP_SIM=(--data-parallel-size "$DP" --kv-events-dp shared)
 
 WORK=$(mktemp -d /tmp/kvroute-compare.XXXXXX)
 PIDS=()
@@ -382,10 +401,10 @@ if [ "$BOUND" = 1 ]; then
     # With a --profile the batch limits are the profile's (unknown here): the bound keeps them
     # and gets the fleet's compute from the time scale alone.
     extra=()
-    [ -n "$PROFILE" ] || extra=(--max-num-seqs $((256 * WORKERS)) --max-num-batched-tokens $((8192 * WORKERS)))
-    BOUND_TIME_SCALE=$(python3 -c "print($TIME_SCALE / $WORKERS)")
-    echo "compare.sh: pooled bound: one kvroute-sim with $((WORKERS * KV_BLOCKS)) blocks ${extra[*]}" >&2
-    SIM_TIME_SCALE=$BOUND_TIME_SCALE start_sim bound $((WORKERS * KV_BLOCKS)) "$SEED" "${extra[@]}"
+    [ -n "$PROFILE" ] || extra=(--max-num-seqs $((256 * FLEET)) --max-num-batched-tokens $((8192 * FLEET)))
+    BOUND_TIME_SCALE=$(python3 -c "print($TIME_SCALE / $FLEET)")
+    echo "compare.sh: pooled bound: one kvroute-sim with $((FLEET * KV_BLOCKS)) blocks ${extra[*]}" >&2
+    SIM_TIME_SCALE=$BOUND_TIME_SCALE start_sim bound $((FLEET * KV_BLOCKS)) "$SEED" "${extra[@]}"
     replay bound "$SIM_URL"
     scrape "$SIM_URL" >"$WORK/bound.metrics"
     stop_pids "$SIM_PID"
@@ -423,46 +442,68 @@ elif [ "$REPLICAS" -gt 1 ]; then
     echo "compare.sh: $REPLICAS replicas per run, no shared state" >&2
 fi
 
-for policy in "${POLICY_LIST[@]}"; do
-    echo "compare.sh: policy $policy" >&2
-    urls=() pids=() KV_ARGS=()
-    for i in $(seq "$WORKERS"); do
-        SIM_EVENTS=$KV_EVENTS start_sim "w$i-$policy" "$KV_BLOCKS" $((SEED + i))
-        urls+=("$SIM_URL")
-        pids+=("$SIM_PID")
-        [ -z "$SIM_KV" ] || KV_ARGS+=("$SIM_KV")
-    done
+RUNS=()
+if [ "$DP" -gt 1 ]; then
+    for policy in "${POLICY_LIST[@]}"; do RUNS+=("$policy-dp" "$policy-plain" "$policy-separate"); done
+else
+    RUNS=("${POLICY_LIST[@]}")
+fi
+for run in "${RUNS[@]}"; do
+    policy=${run%-dp}
+    policy=${policy%-plain}
+    policy=${policy%-separate}
+    variant=${run#"$policy"}
+    echo "compare.sh: policy $policy${variant:+ ($variant)}" >&2
+    urls=() targets=() pids=() KV_ARGS=()
+    if [ "$variant" = -dp ] || [ "$variant" = -plain ]; then
+        for i in $(seq "$WORKERS"); do
+            SIM_EVENTS=$KV_EVENTS start_sim "w$i-$run" "$KV_BLOCKS" $((SEED + i)) "${DP_SIM[@]}"
+            urls+=("$SIM_URL")
+            if [ "$variant" = -dp ]; then targets+=("$SIM_URL@$DP"); else targets+=("$SIM_URL"); fi
+            pids+=("$SIM_PID")
+            [ -z "$SIM_KV" ] || KV_ARGS+=("$SIM_KV")
+        done
+    else
+        for i in $(seq "$FLEET"); do
+            SIM_EVENTS=$KV_EVENTS start_sim "w$i-$run" "$KV_BLOCKS" $((SEED + i))
+            urls+=("$SIM_URL")
+            targets+=("$SIM_URL")
+            pids+=("$SIM_PID")
+            [ -z "$SIM_KV" ] || KV_ARGS+=("$SIM_KV")
+        done
+    fi
     ROUTER_URLS=() ROUTER_PIDS=()
     for r in $(seq "$REPLICAS"); do
         REPLICA_ARGS=()
         ROUTER_TAG=""
         if [ "$REPLICAS" -gt 1 ]; then
             ROUTER_TAG="-r$r"
-            [ -z "$REDIS_URL" ] || REPLICA_ARGS=(--redis "$REDIS_URL" --redis-key-prefix "cmp-$policy:"
+            [ -z "$REDIS_URL" ] || REPLICA_ARGS=(--redis "$REDIS_URL" --redis-key-prefix "cmp-$run:"
                 --replica-id "r$r")
         fi
-        start_router "$policy" "${urls[@]}"
+        ROUTER_TAG="$variant$ROUTER_TAG" start_router "$policy" "${targets[@]}"
         ROUTER_URLS+=("$ROUTER_URL")
         ROUTER_PIDS+=("$ROUTER_PID")
     done
     ROUTER_URL=${ROUTER_URLS[0]}
-    replay "$policy" "$ROUTER_URL" "${urls[@]}"
-    scrape "${urls[@]}" >"$WORK/$policy.metrics"
+    replay "$run" "$ROUTER_URL" "${urls[@]}"
+    scrape "${urls[@]}" >"$WORK/$run.metrics"
     # kvroute's own view: decisions it counted, prediction error, KV-event trust states.
-    curl -s -m 5 "$ROUTER_URL/metrics" >"$WORK/$policy.router.prom" || true
-    printf '%s\n' "${urls[@]}" >"$WORK/$policy.workers"
+    curl -s -m 5 "$ROUTER_URL/metrics" >"$WORK/$run.router.prom" || true
+    printf '%s\n' "${urls[@]}" >"$WORK/$run.workers"
     stop_pids "${ROUTER_PIDS[@]}" "${pids[@]}"
-    warn_refused "$WORK"/w*-"$policy".log
+    warn_refused "$WORK"/w*-"$run".log
 done
 
-CMP_REPLICAS=$REPLICAS CMP_SHARED=$([ -n "$REDIS_URL" ] && echo redis || echo none) \
+CMP_DP=$DP CMP_REPLICAS=$REPLICAS CMP_SHARED=$([ -n "$REDIS_URL" ] && echo redis || echo none) \
 python3 - "$WORK" "$JSON_OUT" "$WORKERS" "$BOUND" "$FORMAT" "$TRACE" "$KV_BLOCKS" "$BLOCK_SIZE" \
-    "$TIME_SCALE" "$BYPASS_SHARE" "$KV_EVENTS" "${POLICY_LIST[@]}" <<'PY'
+    "$TIME_SCALE" "$BYPASS_SHARE" "$KV_EVENTS" "${RUNS[@]}" <<'PY'
 import json, math, os, re, sys
 
 work, out, workers, bound, fmt, trace, kv, bs, ts, bypass, kv_events = sys.argv[1:12]
 policies = sys.argv[12:]
 workers = int(workers)
+dp = int(os.environ.get("CMP_DP", "1"))
 KV_STATES = {0: "exact", 1: "degraded", 2: "fallback"}
 
 
@@ -534,7 +575,9 @@ for p in policies:
     b, hits, queries, hr = load(p)
     counts = [w["requests"] for w in b["workers"].values()]
     total = sum(counts)
-    mean = total / workers if workers else 0
+    # With --dp a run's targets are its ranks, its plain engines or its separate sims.
+    targets = workers if dp == 1 else workers * dp if not p.endswith("-plain") else workers
+    mean = total / targets if targets else 0
     bh = result["bound_hit_rate"]
     row = {
         "hit_rate": hr,
@@ -574,7 +617,25 @@ for p in policies:
     rows.append((p, row, b))
 for p, row in result["policies"].items():
     row["uncached_vs_round_robin"] = (row["uncached_tokens"] / rr_uncached) if rr_uncached else None
+if dp > 1:
+    # Per policy: rank-aware routing against N separate engines (same capacity and compute)
+    # and against the same engines routed as plain workers.
+    result["dp"] = {"size": dp}
+    for p in policies:
+        if not p.endswith("-dp"):
+            continue
+        base = p[:-3]
+        aware = result["policies"][p]["hit_rate"]
+        sep = result["policies"].get(base + "-separate", {}).get("hit_rate")
+        plain = result["policies"].get(base + "-plain", {}).get("hit_rate")
+        result["dp"][base] = {
+            "rank_aware_hit_rate": aware, "plain_hit_rate": plain, "separate_hit_rate": sep,
+            "rank_aware_vs_separate": (aware / sep) if aware is not None and sep else None,
+            "plain_vs_separate": (plain / sep) if plain is not None and sep else None,
+            "rank_aware_of_bound": result["policies"][p].get("bound_fraction"),
+            "plain_of_bound": result["policies"].get(base + "-plain", {}).get("bound_fraction")}
 result["setup"] = {"format": fmt, "trace": trace, "workers": workers, "kv_blocks_per_worker": int(kv),
+                   "data_parallel_size": dp,
                    "block_size": int(bs), "time_scale": float(ts), "bypass_share": float(bypass),
                    "kv_events": kv_events == "1",
                    "replicas": int(os.environ.get("CMP_REPLICAS", "1")),
@@ -583,8 +644,8 @@ with open(out, "w") as f:
     json.dump(result, f, indent=2)
     f.write("\n")
 
-print("policy comparison: %s (%s), %d workers x %s blocks of %s tokens, time scale %s%s"
-      % (fmt, trace, workers, kv, bs, ts,
+print("policy comparison: %s (%s), %d workers%s x %s blocks of %s tokens, time scale %s%s"
+      % (fmt, trace, workers, (" x %d data-parallel ranks" % dp) if dp > 1 else "", kv, bs, ts,
          ", bypass share %s" % bypass if float(bypass) > 0 else ""))
 hdr = ("policy", "requests", "errors", "hit rate", "of bound", "uncached tok", "vs RR",
        "TTFT p50", "TTFT p99", "E2E p50", "load max/mean", "pred err", "mispred")

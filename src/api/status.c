@@ -27,8 +27,8 @@ static json_t *route_json(kvr_route *rt)
         json_array_append_new(
             workers,
             json_pack("{s:s,s:s,s:b,s:b,s:s,s:b,s:I,s:o,s:o,s:I,s:I}", "name", w->name, "url",
-                      w->url, "eligible", kvr_worker_eligible(w), "healthy", w->healthy,
-                      "breaker", kvr_breaker_state_name(w->breaker.state), "draining",
+                      w->url, "eligible", kvr_worker_eligible(w), "healthy", kvr_worker_healthy(w),
+                      "breaker", kvr_breaker_state_name(kvr_worker_breaker(w)->state), "draining",
                       w->draining, "inflight", (json_int_t)w->inflight, "queue",
                       scraped(w->queue, 1), "kv_usage", scraped(w->kv_usage, 0),
                       "index_blocks", (json_int_t)st.index_blocks, "sessions",

@@ -70,8 +70,8 @@ static json_t *worker_row(kvr_app *app, const kvr_worker *w, uint64_t now)
                           "url", w->url, "name", w->name, "weight", w->weight, "role",
                           kvr_worker_role_name(w->role), "source",
                           kvr_app_worker_source(app, w), "eligible",
-                          kvr_worker_eligible(w), "healthy", w->healthy, "breaker",
-                          kvr_breaker_state_name(w->breaker.state), "draining", w->draining,
+                          kvr_worker_eligible(w), "healthy", kvr_worker_healthy(w), "breaker",
+                          kvr_breaker_state_name(kvr_worker_breaker(w)->state), "draining", w->draining,
                           "inflight", (json_int_t)w->inflight, "requests",
                           (json_int_t)w->requests, "index_blocks", (json_int_t)st.index_blocks,
                           "index_capacity", (json_int_t)st.index_capacity, "sessions",
@@ -79,6 +79,10 @@ static json_t *worker_row(kvr_app *app, const kvr_worker *w, uint64_t now)
                           "kv_usage", w->kv_usage, "kv_tokens", (json_int_t)w->kv_tokens,
                           "routes", routes);
     json_object_set_new(o, "lmcache", worker_lmcache(w, now));
+    /* A data-parallel rank: which one, and the engine URL its requests go to. */
+    json_object_set_new(o, "data_parallel_rank", w->dp_rank >= 0 ? json_integer(w->dp_rank)
+                                                                 : json_null());
+    json_object_set_new(o, "engine_url", json_string(kvr_worker_base(w)));
     if (app->kv && kvr_kv_events_configured(app->kv, w->id)) {
         kvr_kv_worker_stats ks;
         kvr_kv_index_worker_stats(kvr_kv_events_index(app->kv), w->id, &ks);
@@ -160,9 +164,10 @@ int kvr_admin_worker_parse(const json_t *body, kvr_api_worker *out, char *msg, s
     const json_t *v;
     json_object_foreach((json_t *)body, k, v) {
         if (strcmp(k, "url") && strcmp(k, "name") && strcmp(k, "weight") &&
-            strcmp(k, "routes") && strcmp(k, "role"))
+            strcmp(k, "routes") && strcmp(k, "role") && strcmp(k, "data_parallel_size"))
             return parse_fail(out, msg, cap,
-                              "unknown field '%.64s' (url, name, weight, routes, role)", k);
+                              "unknown field '%.64s' (url, name, weight, routes, role, "
+                              "data_parallel_size)", k);
     }
     json_t *uv = json_object_get(body, "url");
     const char *url = json_string_value(uv);
@@ -184,6 +189,13 @@ int kvr_admin_worker_parse(const json_t *body, kvr_api_worker *out, char *msg, s
         return parse_fail(out, msg, cap, "'%s' must be a number in (0, 1000000]", "weight");
     if (v)
         out->weight = json_number_value(v);
+    v = json_object_get(body, "data_parallel_size");
+    if (v && (!json_is_integer(v) || json_integer_value(v) < 1 ||
+              json_integer_value(v) > KVR_MAX_DP_SIZE))
+        return parse_fail(out, msg, cap, "'%s' must be an integer in [1, 256]",
+                          "data_parallel_size");
+    if (v)
+        out->data_parallel_size = (uint32_t)json_integer_value(v);
     v = json_object_get(body, "role");
     if (v && (!json_is_string(v) || kvr_worker_role_parse(json_string_value(v), &out->role)))
         return parse_fail(out, msg, cap, "'%s' must be \"both\", \"prefill\" or \"decode\"",
@@ -213,14 +225,18 @@ int kvr_admin_worker_parse(const json_t *body, kvr_api_worker *out, char *msg, s
 static int refused(kvr_app *app, const kvr_api_worker *aw, char *msg, size_t cap)
 {
     size_t n = kvr_registry_count(app->reg);
-    if (n >= KVR_ADMIN_WORKERS_MAX) {
+    size_t ranks = aw->data_parallel_size > 1 ? aw->data_parallel_size : 1;
+    if (n + ranks > KVR_ADMIN_WORKERS_MAX) {
         snprintf(msg, cap, "kvroute holds at most %d workers", KVR_ADMIN_WORKERS_MAX);
         return 409;
     }
     for (size_t i = 0; i < n; i++) {
         const kvr_worker *o = kvr_registry_at(app->reg, i);
+        /* A data-parallel engine's URL and name stand for all its ranks. */
         if (kvr_config_same_url(o->url, aw->url) || strcmp(o->name, aw->name) == 0 ||
-            strcmp(o->name, aw->url) == 0 || strcmp(o->url, aw->name) == 0) {
+            strcmp(o->name, aw->url) == 0 || strcmp(o->url, aw->name) == 0 ||
+            kvr_config_same_url(kvr_worker_base(o), aw->url) ||
+            kvr_worker_in_engine(o, aw->name) || kvr_worker_in_engine(o, aw->url)) {
             snprintf(msg, cap, "worker '%.300s' (%.300s) already has this URL or name", o->name,
                      o->url);
             return 409;
@@ -239,6 +255,19 @@ static int refused(kvr_app *app, const kvr_api_worker *aw, char *msg, size_t cap
     return 0;
 }
 
+/* The answer about workers `ws` (one, or a data-parallel engine's ranks): a single worker's
+ * row, or {url, name, data_parallel_size, workers: [rank rows]}. */
+static json_t *rows_of(kvr_app *app, kvr_worker **ws, size_t n, const char *name)
+{
+    if (n == 1 && ws[0]->dp_rank < 0)
+        return worker_row(app, ws[0], kvr_now_ms());
+    json_t *rows = json_array();
+    for (size_t i = 0; i < n; i++)
+        json_array_append_new(rows, worker_row(app, ws[i], kvr_now_ms()));
+    return json_pack("{s:s,s:s,s:I,s:o}", "url", kvr_worker_base(ws[0]), "name", name,
+                     "data_parallel_size", (json_int_t)n, "workers", rows);
+}
+
 /* Adds `aw` with its model list (NULL when not read) and answers 201 with its row. Checked
  * again here: the fleet may have changed while its models were read. */
 static void add_now(kvr_app *app, kvr_http_req *r, const kvr_api_worker *aw,
@@ -252,8 +281,11 @@ static void add_now(kvr_app *app, kvr_http_req *r, const kvr_api_worker *aw,
     }
     kvr_errlist errs = {0};
     kvr_worker *w = kvr_app_add_worker(app, aw, models, n, &errs);
+    kvr_worker *ws[KVR_MAX_DP_SIZE] = {w};
     if (w)
-        kvr_admin_reply(r, 201, worker_row(app, w, kvr_now_ms()));
+        kvr_admin_reply(r, 201, rows_of(app, ws, 1 + kvr_registry_ranks(app->reg, w, ws + 1,
+                                                                        KVR_MAX_DP_SIZE - 1),
+                                        aw->name));
     else
         kvr_admin_reply_error(r, 503, errs.n ? errs.msg[0] : "cannot add the worker", NULL, 0);
     kvr_errlist_free(&errs);
@@ -369,8 +401,10 @@ static void set_draining(kvr_worker *w, int on)
     w->draining = on;
 }
 
-/* PATCH /workers/{name}: weight and drain, validated before anything changes. */
-static void patch_worker(kvr_app *app, kvr_http_req *r, kvr_worker *w)
+/* PATCH /workers/{name}: weight and drain, validated before anything changes; a data-parallel
+ * engine's ranks all change. */
+static void patch_worker(kvr_app *app, kvr_http_req *r, kvr_worker **ws, size_t nw,
+                         const char *name)
 {
     size_t blen;
     const char *body = kvr_http_req_body(r, &blen);
@@ -395,30 +429,37 @@ static void patch_worker(kvr_app *app, kvr_http_req *r, kvr_worker *w)
         return;
     }
     json_decref(j);
-    if (drain >= 0)
-        set_draining(w, drain);
-    if (weight > 0 && weight != w->weight) {
-        kvr_api_worker *aw = kvr_app_api_worker(app, w);
-        double was = w->weight;
-        w->weight = weight;
-        if (aw)
-            aw->weight = weight;
+    for (size_t i = 0; drain >= 0 && i < nw; i++)
+        set_draining(ws[i], drain);
+    if (weight > 0 && weight != ws[0]->weight) {
+        double was = ws[0]->weight;
+        for (size_t i = 0; i < nw; i++) {
+            kvr_api_worker *aw = kvr_app_api_worker(app, ws[i]);
+            ws[i]->weight = weight;
+            if (aw)
+                aw->weight = weight;
+        }
         kvr_errlist errs = {0};
         if (kvr_app_build_routes(app, app->live, &errs) < 0) {
-            w->weight = was;
-            if (aw)
-                aw->weight = was;
+            for (size_t i = 0; i < nw; i++) {
+                kvr_api_worker *aw = kvr_app_api_worker(app, ws[i]);
+                ws[i]->weight = was;
+                if (aw)
+                    aw->weight = was;
+            }
             kvr_admin_reply_error(r, 503, errs.n ? errs.msg[0] : "out of memory", NULL, 0);
             kvr_errlist_free(&errs);
             return;
         }
-        KVR_INFO("msg=\"worker weight\" worker=%s weight=%g", w->url, weight);
+        KVR_INFO("msg=\"worker weight\" worker=%s weight=%g", name, weight);
     }
-    kvr_admin_reply(r, 200, worker_row(app, w, kvr_now_ms()));
+    kvr_admin_reply(r, 200, rows_of(app, ws, nw, name));
 }
 
-static void delete_worker(kvr_app *app, kvr_http_req *r, kvr_worker *w)
+static void delete_worker(kvr_app *app, kvr_http_req *r, kvr_worker **ws, size_t nw,
+                          const char *name)
 {
+    kvr_worker *w = ws[0];
     if (!kvr_app_api_worker(app, w)) {
         kvr_admin_reply_error(r, 409, "this worker is configured: drain it, or remove it from "
                               "the configuration and reload", NULL, 0);
@@ -429,10 +470,31 @@ static void delete_worker(kvr_app *app, kvr_http_req *r, kvr_worker *w)
                               "when its endpoint does (drain it meanwhile)", NULL, 0);
         return;
     }
-    json_t *out = json_pack("{s:s,s:s,s:b,s:I}", "name", w->name, "url", w->url, "removed", 1,
-                            "inflight", (json_int_t)w->inflight);
-    kvr_app_remove_worker(app, w);
+    int64_t inflight = 0;
+    for (size_t i = 0; i < nw; i++)
+        inflight += ws[i]->inflight;
+    int group = nw > 1 || w->dp_rank >= 0;
+    json_t *out = json_pack("{s:s,s:s,s:b,s:I}", "name", group ? name : w->name, "url",
+                            group ? kvr_worker_base(w) : w->url, "removed", 1, "inflight",
+                            (json_int_t)inflight);
+    for (size_t i = 0; i < nw; i++) /* every rank of a data-parallel engine */
+        if (kvr_app_api_worker(app, ws[i]))
+            kvr_app_remove_worker(app, ws[i]);
     kvr_admin_reply(r, 200, out);
+}
+
+/* The workers `name` designates: one worker by name or URL, else every rank of the
+ * data-parallel engine of that name or URL. Returns how many (0 = none). */
+static size_t designated(kvr_app *app, const char *name, kvr_worker **out, size_t cap)
+{
+    kvr_worker *w = kvr_registry_find_name(app->reg, name);
+    if (!w)
+        w = kvr_registry_find_url(app->reg, name);
+    if (w) {
+        out[0] = w;
+        return 1;
+    }
+    return kvr_registry_find_engine(app->reg, name, out, cap);
 }
 
 void kvr_admin_worker(kvr_app *app, kvr_http_req *r)
@@ -447,21 +509,25 @@ void kvr_admin_worker(kvr_app *app, kvr_http_req *r)
         kvr_admin_reply_error(r, 404, "unknown admin path", NULL, 0);
         return;
     }
-    kvr_worker *w = kvr_registry_find_name(app->reg, name);
-    if (!w)
-        w = kvr_registry_find_url(app->reg, name);
-    if (!w) {
+    kvr_worker *ws[KVR_MAX_DP_SIZE];
+    size_t nw = designated(app, name, ws, KVR_MAX_DP_SIZE);
+    if (!nw) {
         kvr_admin_reply_error(r, 404, "no such worker", NULL, 0);
         return;
     }
     if (strcmp(method, "PATCH") == 0) {
-        patch_worker(app, r, w);
+        patch_worker(app, r, ws, nw, name);
     } else if (strcmp(method, "DELETE") == 0) {
-        delete_worker(app, r, w);
+        delete_worker(app, r, ws, nw, name);
     } else {
-        set_draining(w, on);
-        kvr_admin_reply(r, 200, json_pack("{s:s,s:s,s:b,s:I}", "name", w->name, "url", w->url,
-                                          "draining", w->draining, "inflight",
-                                          (json_int_t)w->inflight));
+        int64_t inflight = 0;
+        for (size_t i = 0; i < nw; i++) {
+            set_draining(ws[i], on);
+            inflight += ws[i]->inflight;
+        }
+        int group = nw > 1 || ws[0]->dp_rank >= 0;
+        kvr_admin_reply(r, 200, json_pack("{s:s,s:s,s:b,s:I}", "name", group ? name : ws[0]->name,
+                                          "url", group ? kvr_worker_base(ws[0]) : ws[0]->url,
+                                          "draining", on, "inflight", (json_int_t)inflight));
     }
 }

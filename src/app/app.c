@@ -106,8 +106,8 @@ static void refresh_workers(void *ud)
         kvr_worker *w = kvr_registry_at(app->reg, i);
         const char *lv[] = {w->url};
         kvr_metric_set(app->m.inflight, lv, (double)w->inflight);
-        kvr_metric_set(app->m.healthy, lv, w->healthy);
-        kvr_metric_set(app->m.breaker_state, lv, (double)w->breaker.state);
+        kvr_metric_set(app->m.healthy, lv, kvr_worker_healthy(w));
+        kvr_metric_set(app->m.breaker_state, lv, (double)kvr_worker_breaker(w)->state);
     }
     kvr_metric_set(app->m.access_dropped, NULL, (double)kvr_access_log_dropped(app->access));
     double by_source[3] = {0, 0, 0};
@@ -314,20 +314,20 @@ static void breaker_changed(kvr_app *app, kvr_worker *w, int entered)
 int kvr_app_attempt_start(kvr_app *app, kvr_worker *w)
 {
     (void)app;
-    return kvr_breaker_on_start(&w->breaker);
+    return kvr_breaker_on_start(kvr_worker_breaker(w));
 }
 
 void kvr_app_attempt_verdict(kvr_app *app, kvr_worker *w, int failure, int trial)
 {
-    breaker_changed(app, w,
-                    kvr_breaker_on_result(&w->breaker, &app->cfg.breaker, failure, trial,
-                                          kvr_now_ms()));
+    breaker_changed(app, w->engine,
+                    kvr_breaker_on_result(kvr_worker_breaker(w), &app->cfg.breaker, failure,
+                                          trial, kvr_now_ms()));
 }
 
 void kvr_app_attempt_abandon(kvr_app *app, kvr_worker *w, int trial)
 {
     (void)app;
-    kvr_breaker_on_abandon(&w->breaker, trial);
+    kvr_breaker_on_abandon(kvr_worker_breaker(w), trial);
 }
 
 void kvr_app_breaker_tick(kvr_app *app)
@@ -335,7 +335,8 @@ void kvr_app_breaker_tick(kvr_app *app)
     uint64_t now = kvr_now_ms();
     for (size_t i = 0; i < kvr_registry_count(app->reg); i++) {
         kvr_worker *w = kvr_registry_at(app->reg, i);
-        breaker_changed(app, w, kvr_breaker_tick(&w->breaker, now));
+        if (w->engine == w) /* a data-parallel engine's ranks share rank 0's breaker */
+            breaker_changed(app, w, kvr_breaker_tick(&w->breaker, now));
     }
 }
 

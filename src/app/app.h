@@ -72,6 +72,11 @@ typedef struct kvr_api_worker {
                                routes_set; else the routes whose model it lists */
     size_t nroutes;
     int routes_set;
+    uint32_t data_parallel_size; /**< as posted (`data_parallel_size`; 0 or 1 = plain): the
+                                      admin API adds one entry per rank (dp_url set) */
+    char *dp_url;         /**< a rank's engine URL (owned; NULL = a plain worker): this entry
+                               is rank dp_rank, its url "dp_url#r" */
+    int dp_rank;
     const char *source;   /**< who added it: NULL = the admin API ("api"), "kubernetes" =
                                Kubernetes discovery (static string); shown by /workers and
                                counted in kvroute_discovery_workers{source}. Kubernetes'
@@ -161,7 +166,9 @@ void kvr_app_rediscover(kvr_app *app);
  *  `errs` (the routes then unchanged). */
 int kvr_app_build_routes(kvr_app *app, const kvr_config *c, kvr_errlist *errs);
 
-/** Adds worker `aw` (copied) at run time: registers it (role set; `models`, `nmodels` ids,
+/** Adds worker `aw` (copied) at run time — a data-parallel engine (data_parallel_size > 1,
+ *  dp_url unset) as its ranks "URL#r" named "NAME#r", all or none, returning rank 0 (its
+ *  other ranks: kvr_registry_ranks) —: registers it (role set; `models`, `nmodels` ids,
  *  may be NULL, as its /v1/models list) and rebuilds the routes keeping what they learned.
  *  Its targets: the routes `aw` names; else, with --model, that one route (as any --worker);
  *  else the routes whose name, alias or target model its list holds (a discovered route is

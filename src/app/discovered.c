@@ -34,7 +34,8 @@ static int k8s_add(void *ud, const char *service, const char *name, const char *
 {
     kvr_app *app = ud;
     char why[256];
-    if (kvr_registry_find_url(app->reg, url)) {
+    kvr_worker *dup;
+    if (kvr_registry_find_url(app->reg, url) || kvr_registry_find_engine(app->reg, url, &dup, 1)) {
         KVR_WARN("msg=\"kubernetes endpoint is already a worker\" worker=%s", url);
         return -1;
     }
@@ -53,7 +54,8 @@ static int k8s_add(void *ud, const char *service, const char *name, const char *
     size_t nroutes = bound_routes(app, service, routes, 64);
     kvr_api_worker aw = {.url = (char *)url, .name = (char *)name, .weight = 1,
                          .role = KVR_ROLE_BOTH, .source = K8S_SOURCE, .routes = routes,
-                         .nroutes = nroutes, .routes_set = nroutes > 0};
+                         .nroutes = nroutes, .routes_set = nroutes > 0,
+                         .data_parallel_size = app->cfg.k8s.data_parallel_size};
     kvr_errlist errs = {0};
     kvr_worker *w = kvr_app_add_worker(app, &aw, NULL, 0, &errs);
     if (!w) {
@@ -63,27 +65,47 @@ static int k8s_add(void *ud, const char *service, const char *name, const char *
         return -1;
     }
     kvr_errlist_free(&errs);
-    kvr_kv_events_spec kvs = {kv, kv_replay, app->cfg.k8s.kv_topic};
-    if (kv && app->kv && kvr_kv_events_configure(app->kv, w, &kvs) < 0)
-        KVR_WARN("msg=\"KV-event endpoint refused\" worker=%s endpoint=%s", url, kv);
+    /* A data-parallel engine's rank r publishes on the events ports + r (vLLM). */
+    kvr_worker *ranks[KVR_MAX_DP_SIZE] = {w};
+    size_t n = 1 + kvr_registry_ranks(app->reg, w, ranks + 1, KVR_MAX_DP_SIZE - 1);
+    for (size_t i = 0; kv && app->kv && i < n; i++) {
+        char ep[300], rep[300];
+        unsigned r = ranks[i]->dp_rank > 0 ? (unsigned)ranks[i]->dp_rank : 0;
+        int bad = kvr_kv_events_offset(kv, r, ep, sizeof(ep)) < 0 ||
+                  (kv_replay && kvr_kv_events_offset(kv_replay, r, rep, sizeof(rep)) < 0);
+        kvr_kv_events_spec kvs = {ep, kv_replay ? rep : NULL, app->cfg.k8s.kv_topic, 0, 0};
+        if (bad || kvr_kv_events_configure(app->kv, ranks[i], &kvs) < 0)
+            KVR_WARN("msg=\"KV-event endpoint refused\" worker=%s endpoint=%s", ranks[i]->url,
+                     kv);
+    }
     kvr_discovery_probe(&app->wctx, w); /* its models at once, not at the next tick */
     return 0;
+}
+
+/* The workers an endpoint is: itself, or every rank of the data-parallel engine at it. */
+static size_t endpoint_workers(kvr_app *app, const char *url, kvr_worker **out)
+{
+    if ((out[0] = kvr_registry_find_url(app->reg, url)))
+        return 1;
+    return kvr_registry_find_engine(app->reg, url, out, KVR_MAX_DP_SIZE);
 }
 
 static void k8s_set_draining(void *ud, const char *url, int draining)
 {
     kvr_app *app = ud;
-    kvr_worker *w = kvr_registry_find_url(app->reg, url);
-    if (w)
-        w->draining = draining;
+    kvr_worker *ws[KVR_MAX_DP_SIZE];
+    size_t n = endpoint_workers(app, url, ws);
+    for (size_t i = 0; i < n; i++)
+        ws[i]->draining = draining;
 }
 
 static void k8s_remove(void *ud, const char *url)
 {
     kvr_app *app = ud;
-    kvr_worker *w = kvr_registry_find_url(app->reg, url);
-    if (w)
-        kvr_app_remove_worker(app, w);
+    kvr_worker *ws[KVR_MAX_DP_SIZE];
+    size_t n = endpoint_workers(app, url, ws);
+    for (size_t i = 0; i < n; i++)
+        kvr_app_remove_worker(app, ws[i]);
 }
 
 int kvr_app_k8s_start(kvr_app *app, char *err, size_t cap)

@@ -95,6 +95,7 @@ static kvr_worker *sync_worker(kvr_app *app, const kvr_worker_spec *ws, kvr_errl
 {
     kvr_worker *w = kvr_registry_find_url(app->reg, ws->url);
     if (w) {
+        w->dp_size = ws->dp_url ? (int)ws->data_parallel_size : 0; /* a reload resized it */
         if (strcmp(w->name, ws->name) != 0) {
             char *n = strdup(ws->name);
             if (n) {
@@ -106,7 +107,10 @@ static kvr_worker *sync_worker(kvr_app *app, const kvr_worker_spec *ws, kvr_errl
     } else if (readd_departed(app, ws)) {
         w = kvr_registry_find_url(app->reg, ws->url);
         KVR_INFO("msg=\"worker restored\" worker=%s", ws->url);
-    } else if (!(w = kvr_registry_add(app->reg, ws->url, ws->name, ws->weight))) {
+    } else if (!(w = ws->dp_url ? kvr_registry_add_rank(app->reg, ws->dp_url, ws->dp_rank,
+                                                        (int)ws->data_parallel_size, ws->name,
+                                                        ws->weight)
+                                : kvr_registry_add(app->reg, ws->url, ws->name, ws->weight))) {
         kvr_errlist_add(errs, "worker '%s': cannot add it (malformed URL or duplicate)",
                         ws->url);
     } else if (app->routes) {
@@ -118,7 +122,9 @@ static kvr_worker *sync_worker(kvr_app *app, const kvr_worker_spec *ws, kvr_errl
 /* A worker added at run time is a worker spec without keys, KV events or LMCache. */
 static kvr_worker *sync_api_worker(kvr_app *app, const kvr_api_worker *aw, kvr_errlist *errs)
 {
-    kvr_worker_spec ws = {.url = aw->url, .name = aw->name, .weight = aw->weight};
+    kvr_worker_spec ws = {.url = aw->url, .name = aw->name, .weight = aw->weight,
+                          .dp_url = aw->dp_url, .dp_rank = aw->dp_rank,
+                          .data_parallel_size = aw->data_parallel_size};
     kvr_worker *w = sync_worker(app, &ws, errs);
     if (w)
         w->role = aw->role;
@@ -247,7 +253,11 @@ int kvr_app_apply(kvr_app *app, kvr_config *c, kvr_errlist *errs)
             kvr_worker_set_api_key(w, ext.keys[i]);
             w->max_inflight = ws->max_inflight;
             w->role = KVR_ROLE_BOTH;
-            kvr_kv_events_spec kv = {ws->kv_endpoint, ws->kv_replay_endpoint, ws->kv_topic};
+            /* Ranks on one endpoint each keep their own batches; per-rank endpoints
+             * (rank_port_offset) carry only theirs. */
+            int shared = ws->dp_url && !ws->kv_rank_port_offset;
+            kvr_kv_events_spec kv = {ws->kv_endpoint, ws->kv_replay_endpoint, ws->kv_topic,
+                                     ws->dp_rank, shared ? (int)ws->data_parallel_size : 0};
             if (app->kv && kvr_kv_events_configure(app->kv, w, ws->kv_endpoint ? &kv : NULL) < 0)
                 KVR_ERROR("msg=\"KV-event endpoint refused\" worker=%s endpoint=%s", w->url,
                           ws->kv_endpoint);
@@ -268,8 +278,8 @@ int kvr_app_apply(kvr_app *app, kvr_config *c, kvr_errlist *errs)
     return rc;
 }
 
-kvr_worker *kvr_app_add_worker(kvr_app *app, const kvr_api_worker *aw,
-                               const char *const *models, size_t nmodels, kvr_errlist *errs)
+static kvr_worker *add_one(kvr_app *app, const kvr_api_worker *aw, const char *const *models,
+                           size_t nmodels, kvr_errlist *errs)
 {
     kvr_api_worker *list = realloc(app->api_workers, (app->napi_workers + 1) * sizeof(*list));
     if (!list) {
@@ -281,8 +291,11 @@ kvr_worker *kvr_app_add_worker(kvr_app *app, const kvr_api_worker *aw,
     *cp = (kvr_api_worker){.url = strdup(aw->url), .name = strdup(aw->name),
                            .weight = aw->weight > 0 ? aw->weight : 1, .role = aw->role,
                            .routes = calloc(aw->nroutes + 1, sizeof(char *)),
-                           .routes_set = aw->routes_set, .source = aw->source};
-    int oom = !cp->url || !cp->name || !cp->routes;
+                           .routes_set = aw->routes_set, .source = aw->source,
+                           .dp_url = aw->dp_url ? strdup(aw->dp_url) : NULL,
+                           .dp_rank = aw->dp_rank,
+                           .data_parallel_size = aw->data_parallel_size};
+    int oom = !cp->url || !cp->name || !cp->routes || (aw->dp_url && !cp->dp_url);
     for (size_t i = 0; !oom && i < aw->nroutes; i++)
         oom = !(cp->routes[cp->nroutes++] = strdup(aw->routes[i]));
     kvr_worker *w = NULL;
@@ -305,6 +318,34 @@ kvr_worker *kvr_app_add_worker(kvr_app *app, const kvr_api_worker *aw,
     if (!oom)
         app->napi_workers--;
     kvr_api_worker_free(cp);
+    return NULL;
+}
+
+kvr_worker *kvr_app_add_worker(kvr_app *app, const kvr_api_worker *aw,
+                               const char *const *models, size_t nmodels, kvr_errlist *errs)
+{
+    if (aw->data_parallel_size <= 1 || aw->dp_url)
+        return add_one(app, aw, models, nmodels, errs);
+    /* A data-parallel engine joins as its ranks ("URL#r", named "NAME#r"), all or none. */
+    kvr_worker *ranks[KVR_MAX_DP_SIZE];
+    size_t k = 0, n = aw->data_parallel_size < KVR_MAX_DP_SIZE ? aw->data_parallel_size
+                                                                 : KVR_MAX_DP_SIZE;
+    char url[2200], name[2200];
+    for (; k < n; k++) {
+        kvr_api_worker rk = *aw;
+        snprintf(url, sizeof(url), "%s#%zu", aw->url, k);
+        snprintf(name, sizeof(name), "%s#%zu", aw->name, k);
+        rk.url = url;
+        rk.name = name;
+        rk.dp_url = aw->url;
+        rk.dp_rank = (int)k;
+        if (!(ranks[k] = add_one(app, &rk, models, nmodels, errs)))
+            break;
+    }
+    if (k == n)
+        return ranks[0];
+    while (k-- > 0)
+        kvr_app_remove_worker(app, ranks[k]);
     return NULL;
 }
 

@@ -18,6 +18,7 @@ void kvr_api_worker_free(kvr_api_worker *aw)
     free(aw->routes);
     free(aw->url);
     free(aw->name);
+    free(aw->dp_url);
     memset(aw, 0, sizeof(*aw));
 }
 

@@ -73,7 +73,9 @@ static const kvr_flag flags[] = {
     FL("config", STR, config_file, 0, 0, "YAML config file (routes, workers, settings)"),
     FL("check", BOOL, check, 0, 0, "validate the configuration, print a summary and exit"),
     {.name = "worker", .type = KVR_FLAG_CUSTOM, .off = OFF(workers),
-     .help = "worker base URL, e.g. http://127.0.0.1:9001 (repeatable)", .set = set_worker,
+     .help = "worker base URL, e.g. http://127.0.0.1:9001 (repeatable); URL@N: a vLLM engine "
+             "of N data-parallel ranks, routed as URL#0..URL#N-1",
+     .set = set_worker,
      .show = show_worker},
     FL("model", STR, model, 0, 0,
        "one route of this name over every worker (default: a route per model the workers' "
@@ -102,6 +104,9 @@ static const kvr_flag flags[] = {
        "the workers' KV-event replay port in the EndpointSlices, a name or number"),
     FL("k8s-kv-topic", STR, k8s.kv_topic, 0, 0,
        "topic of the discovered workers' KV events (unset = every message)"),
+    FL("k8s-data-parallel-size", U32, k8s.data_parallel_size, 1, KVR_MAX_DP_SIZE,
+       "data-parallel ranks of each discovered engine (vLLM --data-parallel-size): it becomes "
+       "URL#0..URL#N-1, rank r's KV events on the events port + r"),
     FL("k8s-watch-timeout-s", U64, k8s.watch_timeout_s, 1, 3600,
        "timeoutSeconds of each EndpointSlice watch (then resumed)"),
     FL("k8s-backoff-max-ms", U64, k8s.backoff_max_ms, 1, 3600000,
@@ -397,7 +402,23 @@ static void show_none(FILE *out, const void *target, const kvr_flag *f)
     fputs("none", out);
 }
 
-/* --worker is repeatable: each one appends a worker named by its URL. */
+int kvr_config_split_dp(const char *arg, size_t *url_len, uint32_t *size)
+{
+    size_t n = strlen(arg);
+    const char *at = strrchr(arg, '@');
+    *url_len = n;
+    *size = 0;
+    if (!at || !at[1] || strspn(at + 1, "0123456789") != strlen(at + 1))
+        return 0; /* no suffix: an '@' of the URL's userinfo is not one */
+    *url_len = (size_t)(at - arg);
+    if (strlen(at + 1) > 4 || atoi(at + 1) < 1 || atoi(at + 1) > KVR_MAX_DP_SIZE)
+        return -1;
+    *size = (uint32_t)atoi(at + 1);
+    return 0;
+}
+
+/* --worker is repeatable: each one appends a worker named by its URL; a trailing "@N" makes it
+ * a data-parallel engine of N ranks. */
 static int set_worker(void *target, const kvr_flag *f, const char *v, char *err, size_t cap)
 {
     (void)f;
@@ -406,10 +427,19 @@ static int set_worker(void *target, const kvr_flag *f, const char *v, char *err,
         snprintf(err, cap, "too many workers (max %d)", KVR_MAX_WORKERS);
         return -1;
     }
+    size_t ul;
+    uint32_t dp;
+    if (kvr_config_split_dp(v, &ul, &dp) < 0) {
+        snprintf(err, cap, "--worker %s: the data-parallel size after '@' must be 1..%d", v,
+                 KVR_MAX_DP_SIZE);
+        return -1;
+    }
+    const char *url = ul == strlen(v) ? v : kvr_config_strndup(c, v, ul);
     kvr_worker_spec *nw = kvr_config_alloc(c, (c->nworkers + 1) * sizeof(*nw));
     if (c->nworkers)
         memcpy(nw, c->workers, c->nworkers * sizeof(*nw));
-    nw[c->nworkers++] = (kvr_worker_spec){.url = v, .name = v, .weight = 1};
+    nw[c->nworkers++] = (kvr_worker_spec){.url = url, .name = url, .weight = 1,
+                                          .data_parallel_size = dp};
     c->workers = nw;
     return 0;
 }
@@ -812,6 +842,107 @@ static void check_otlp(const kvr_config *c, kvr_errlist *errs)
     json_decref(name);
 }
 
+/* "tcp://HOST:PORT" with PORT + `add` (vLLM offsets each data-parallel rank's publisher and
+ * replay ports by its rank), in the arena; NULL when it is malformed or overflows. */
+static const char *offset_port(kvr_config *c, const char *ep, uint32_t add)
+{
+    char out[300];
+    if (!ep || kvr_kv_events_offset(ep, add, out, sizeof(out)) < 0)
+        return NULL;
+    return kvr_config_strndup(c, out, strlen(out));
+}
+
+static void check_dp(const kvr_config *c, kvr_errlist *errs)
+{
+    char at[600];
+    size_t ranks = 0;
+    for (size_t i = 0; i < c->nworkers; i++) {
+        const kvr_worker_spec *w = &c->workers[i];
+        uint32_t n = w->data_parallel_size > 1 ? w->data_parallel_size : 1;
+        ranks += n;
+        where(c, w->line, w->col, at, sizeof(at));
+        if (w->data_parallel_size > KVR_MAX_DP_SIZE)
+            kvr_errlist_add(errs, "%s: worker '%s': data_parallel_size %u is over %d", at, w->name,
+                            w->data_parallel_size, KVR_MAX_DP_SIZE);
+        if (w->kv_rank_port_offset && n > 1) {
+            const char *eps[] = {w->kv_endpoint, w->kv_replay_endpoint};
+            for (int k = 0; k < 2; k++)
+                if (eps[k] && zmq_endpoint_ok(eps[k]) &&
+                    !offset_port((kvr_config *)c, eps[k], n - 1))
+                    kvr_errlist_add(errs, "%s: worker '%s': KV-event endpoint %s plus rank %u "
+                                    "is past port 65535", at, w->name, eps[k], n - 1);
+        }
+    }
+    if (ranks > KVR_MAX_RANK_WORKERS)
+        kvr_errlist_add(errs, "data-parallel ranks make %zu workers (max %d)", ranks,
+                        KVR_MAX_RANK_WORKERS);
+}
+
+/* A data-parallel worker becomes one worker spec per rank ("URL#r", named "NAME#r"), and a
+ * route target naming it one target per rank, so everything after the configuration (the
+ * registry, routes, indexes, metrics) sees ranks as workers. Run on a checked config. */
+static void expand_dp(kvr_config *c)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < c->nworkers; i++)
+        n += c->workers[i].data_parallel_size > 1 ? c->workers[i].data_parallel_size : 1;
+    if (n == c->nworkers)
+        return;
+    kvr_worker_spec *ws = kvr_config_alloc(c, n * sizeof(*ws));
+    size_t k = 0;
+    char buf[2200];
+    for (size_t i = 0; i < c->nworkers; i++) {
+        const kvr_worker_spec *w = &c->workers[i];
+        if (w->data_parallel_size <= 1) {
+            ws[k++] = *w;
+            continue;
+        }
+        for (uint32_t r = 0; r < w->data_parallel_size; r++) {
+            kvr_worker_spec s = *w;
+            s.dp_rank = (int)r;
+            s.dp_url = w->url;
+            snprintf(buf, sizeof(buf), "%s#%u", w->url, r);
+            s.url = kvr_config_strndup(c, buf, strlen(buf));
+            snprintf(buf, sizeof(buf), "%s#%u", w->name, r);
+            s.name = kvr_config_strndup(c, buf, strlen(buf));
+            if (w->kv_endpoint && w->kv_rank_port_offset) {
+                s.kv_endpoint = offset_port(c, w->kv_endpoint, r);
+                s.kv_replay_endpoint = w->kv_replay_endpoint
+                                           ? offset_port(c, w->kv_replay_endpoint, r) : NULL;
+            }
+            ws[k++] = s;
+        }
+    }
+    for (size_t r = 0; r < c->nroutes; r++) {
+        kvr_route_spec *rs = &c->routes[r];
+        size_t nt = 0;
+        for (size_t t = 0; t < rs->ntargets; t++) {
+            const kvr_worker_spec *w = find_worker(c, rs->targets[t].worker);
+            nt += w && w->data_parallel_size > 1 ? w->data_parallel_size : 1;
+        }
+        if (nt == rs->ntargets)
+            continue;
+        kvr_target_spec *ts = kvr_config_alloc(c, nt * sizeof(*ts));
+        size_t m = 0;
+        for (size_t t = 0; t < rs->ntargets; t++) {
+            const kvr_worker_spec *w = find_worker(c, rs->targets[t].worker);
+            if (!w || w->data_parallel_size <= 1) {
+                ts[m++] = rs->targets[t];
+                continue;
+            }
+            for (uint32_t q = 0; q < w->data_parallel_size; q++) {
+                ts[m] = rs->targets[t];
+                snprintf(buf, sizeof(buf), "%s#%u", w->name, q);
+                ts[m++].worker = kvr_config_strndup(c, buf, strlen(buf));
+            }
+        }
+        rs->targets = ts;
+        rs->ntargets = m;
+    }
+    c->workers = ws;
+    c->nworkers = k;
+}
+
 int kvr_config_load(kvr_config *c, int argc, char **argv, kvr_errlist *errs)
 {
     size_t before = errs->n;
@@ -845,6 +976,7 @@ int kvr_config_load(kvr_config *c, int argc, char **argv, kvr_errlist *errs)
         kvr_errlist_add(errs, "too many workers (max %d)", KVR_MAX_WORKERS);
     check_workers(c, errs);
     check_kv_events(c, errs);
+    check_dp(c, errs);
     check_egress(c, errs);
     check_otlp(c, errs);
     check_k8s(c, errs);
@@ -862,7 +994,10 @@ int kvr_config_load(kvr_config *c, int argc, char **argv, kvr_errlist *errs)
         where(c, c->routes[0].line, c->routes[0].col, at, sizeof(at));
         kvr_errlist_add(errs, "%s: --model (or model:) cannot be combined with routes", at);
     }
-    return errs->n > before ? -1 : 0;
+    if (errs->n > before)
+        return -1;
+    expand_dp(c);
+    return 0;
 }
 
 void kvr_config_summary(const kvr_config *c, char *out, size_t cap)

@@ -51,8 +51,27 @@ typedef struct kvr_worker_spec {
     const char *kv_topic;     /**< `kv_events.topic`: SUB prefix (NULL = "") */
     const char *lmcache_endpoint; /**< `lmcache.endpoint`: the full http:// URL polled for its
                                        LMCache status (lmcache_aware), NULL = none */
+    uint32_t data_parallel_size; /**< `data_parallel_size` or --worker URL@N: the engine runs N
+                                      data-parallel ranks behind one URL (vLLM
+                                      --data-parallel-size); 0 or 1 = a plain worker. After
+                                      kvr_config_load the spec is expanded into one spec per
+                                      rank (see dp_rank) */
+    int kv_rank_port_offset;  /**< `kv_events.rank_port_offset`: rank r publishes on the
+                                   endpoint's port + r (vLLM's per-rank publishers); else all
+                                   ranks' batches come on one endpoint, told apart by their
+                                   data_parallel_rank */
+    const char *dp_url;       /**< set by kvr_config_load's expansion: this spec is rank
+                                   dp_rank of the engine at dp_url (the URL as written; its url
+                                   is "dp_url#r", its name "NAME#r", its kv_events endpoints
+                                   offset by r with rank_port_offset). NULL = a plain worker */
+    int dp_rank;              /**< the rank (meaningful only with dp_url) */
     int line, col;        /**< 1-based position in the file; 0 from the command line */
 } kvr_worker_spec;
+
+/** Most data-parallel ranks one worker may have (`data_parallel_size`). */
+#define KVR_MAX_DP_SIZE 256
+/** Most registry workers a configuration may expand to (data-parallel ranks counted). */
+#define KVR_MAX_RANK_WORKERS 4096
 
 /** A per-route setting as written in the file (key with underscores, scalar value), applied
  *  over the route defaults once the command line is parsed. */
@@ -230,6 +249,11 @@ void kvr_config_summary(const kvr_config *c, char *out, size_t cap);
 /** 1 when `u` is a worker base URL kvroute can use: http:// with a host and, if any, a port
  *  in 1..65535, no blanks or control bytes (the upstream client serves no other scheme). */
 int kvr_config_url_ok(const char *u);
+/** Splits --worker's argument "URL[@N]": `*url_len` = the URL's length, `*size` = N (0 when
+ *  there is no suffix). Only a trailing '@' followed by digits is a suffix, so an '@' of the
+ *  URL's userinfo ("http://u:p@h:9001") is part of the URL. Returns 0, or -1 when N is
+ *  outside 1..KVR_MAX_DP_SIZE. */
+int kvr_config_split_dp(const char *arg, size_t *url_len, uint32_t *size);
 /** 1 when URLs `a` and `b` differ at most by trailing slashes: the same worker. */
 int kvr_config_same_url(const char *a, const char *b);
 

@@ -39,10 +39,12 @@ static const char *const TOP_KEYS[] = {"listen",  "admin",  "auth",       "defau
                                        "discovery", "redis"};
 static const char *const DISCOVERY_KEYS[] = {"kubernetes"};
 static const char *const K8S_KEYS[] = {"service",        "namespace",      "port",
-                                       "kv_events_port", "kv_replay_port", "kv_topic"};
+                                       "kv_events_port", "kv_replay_port", "kv_topic",
+                                       "data_parallel_size"};
 static const char *const K8S_FLAGS[] = {"k8s-service",        "k8s-namespace",
                                         "k8s-port",           "k8s-kv-events-port",
-                                        "k8s-kv-replay-port", "k8s-kv-topic"};
+                                        "k8s-kv-replay-port", "k8s-kv-topic",
+                                        "k8s-data-parallel-size"};
 static const char *const REDIS_KEYS[] = {"url", "key_prefix", "password_file"};
 static const char *const REDIS_FLAGS[] = {"redis", "redis-key-prefix", "redis-password-file"};
 static const char *const LISTEN_KEYS[] = {"host", "port"};
@@ -68,6 +70,14 @@ static const kvr_flag LIMIT_FLAGS[] = {
     {.name = "tokens-per-minute", .type = KVR_FLAG_U64,
      .off = offsetof(kvr_rate_limit_spec, tokens_per_minute), .min = 0, .max = MAX_RATE},
 };
+/* A data-parallel engine's rank count (vLLM --data-parallel-size), and its KV-event ports
+ * being per rank: read like flags, so values are refused as the command line's are. */
+static const kvr_flag WORKER_DP_SIZE = {.name = "data-parallel-size", .type = KVR_FLAG_U32,
+                                        .off = offsetof(kvr_worker_spec, data_parallel_size),
+                                        .min = 1, .max = KVR_MAX_DP_SIZE};
+static const kvr_flag KV_RANK_PORT_OFFSET = {.name = "rank-port-offset", .type = KVR_FLAG_BOOL,
+                                             .off = offsetof(kvr_worker_spec,
+                                                             kv_rank_port_offset)};
 /* A worker's own cap, with --max-inflight's bounds. */
 static const kvr_flag WORKER_MAX_INFLIGHT = {.name = "max-inflight", .type = KVR_FLAG_U32,
                                              .off = offsetof(kvr_worker_spec, max_inflight),
@@ -396,7 +406,7 @@ static void settings(loader *l, const yaml_node_t *k, const yaml_node_t *m, void
  * mapping of the required key, a name, a weight, and the keys only one of them has (handled by
  * `more`, which returns 0 for a key it does not know). */
 typedef struct shape {
-    const char *keys[8]; /* every key, for the did-you-mean */
+    const char *keys[10]; /* every key, for the did-you-mean */
     size_t nkeys;
     const char *what;  /* singular, for "missing" */
     const char *plain; /* what a plain scalar item is */
@@ -415,9 +425,11 @@ static void key_source(loader *l, const yaml_node_t *k, const yaml_node_t *v, co
         *out = keep(l, s);
 }
 
-static const char *const KV_EVENTS_KEYS[] = {"endpoint", "replay_endpoint", "topic"};
+static const char *const KV_EVENTS_KEYS[] = {"endpoint", "replay_endpoint", "topic",
+                                             "rank_port_offset"};
 
-/* kv_events: {endpoint, replay_endpoint, topic} (vLLM's KVEventsConfig names). */
+/* kv_events: {endpoint, replay_endpoint, topic} (vLLM's KVEventsConfig names), and
+ * rank_port_offset (a data-parallel engine publishing rank r on port + r, as vLLM does). */
 static void kv_events(loader *l, const yaml_node_t *k, const yaml_node_t *v, kvr_worker_spec *ws)
 {
     if (!want(l, k, v, YAML_MAPPING_NODE))
@@ -433,6 +445,8 @@ static void kv_events(loader *l, const yaml_node_t *k, const yaml_node_t *v, kvr
         const char *s;
         if (i == COUNT(KV_EVENTS_KEYS))
             unknown(l, kk, KV_EVENTS_KEYS, COUNT(KV_EVENTS_KEYS), NULL, 0);
+        else if (i == 3)
+            apply(l, &KV_RANK_PORT_OFFSET, ws, kk, vv);
         else if ((s = scalar(l, kk, vv, i != 2)))
             *dst[i] = keep(l, s);
     }
@@ -474,14 +488,16 @@ static int worker_key(loader *l, const yaml_node_t *k, const yaml_node_t *v, voi
         key_source(l, k, v, &ws->api_key_env, ws->api_key_file);
     else if (is(k, "max_inflight"))
         apply(l, &WORKER_MAX_INFLIGHT, ws, k, v);
+    else if (is(k, "data_parallel_size"))
+        apply(l, &WORKER_DP_SIZE, ws, k, v);
     else
         return 0;
     return 1;
 }
 
 static const shape WORKER = {{"url", "name", "weight", "api_key_file", "api_key_env",
-                              "max_inflight", "kv_events", "lmcache"},
-                             8, "worker", "a URL", worker_key};
+                              "max_inflight", "kv_events", "lmcache", "data_parallel_size"},
+                             9, "worker", "a URL", worker_key};
 static const shape TARGET = {{"worker", "model", "weight"}, 3, "target", "a worker name", NULL};
 
 /* One item `it` of list `k`. 0 when it has no usable first key (then it is not kept). `ctx`

@@ -19,6 +19,8 @@ typedef struct wrec {
     int configured;
     char *url;                  /* the worker label */
     char *ep, *rep, *topic;     /* as configured */
+    int rank, ranks;            /* a data-parallel rank on its engine's shared endpoint
+                                   (ranks > 1): only its batches apply */
     char *lit[2];               /* resolved endpoints (sub, replay) */
     uint64_t gen;               /* ingest subscription, 0 = none */
     uint64_t epoch;             /* resolutions of an older spec are ignored */
@@ -44,7 +46,7 @@ struct kvr_kv_events {
     size_t nw;
     size_t resolving;           /* resolutions in flight (they hold `ev`) */
     int closing;
-    kvr_metric *m_state, *m_events, *m_gaps, *m_replays, *m_malformed, *m_skipped;
+    kvr_metric *m_state, *m_events, *m_gaps, *m_replays, *m_malformed, *m_skipped, *m_dropped;
 };
 
 typedef struct resolve {
@@ -139,6 +141,25 @@ static void apply_batch(kvr_kv_events *ev, size_t id, wrec *r, const kvr_kv_batc
     }
 }
 
+/* Whether `b` is for the worker `r` is: on an endpoint its engine's ranks share, a batch
+ * carries its rank (vLLM's data_parallel_rank; absent or nil = rank 0). A batch naming a rank
+ * the engine does not have is counted once, by rank 0. */
+static int for_rank(kvr_kv_events *ev, const wrec *r, const kvr_kv_batch *b)
+{
+    if (r->ranks <= 1 || !b)
+        return 1;
+    int64_t br = b->dp_rank == -1 ? 0 : b->dp_rank;
+    if (br == r->rank)
+        return 1;
+    if (r->rank == 0 && (br < 0 || br >= r->ranks)) {
+        const char *lv[] = {r->url, "rank"};
+        kvr_metric_inc(ev->m_dropped, lv, 1);
+        KVR_DEBUG("kv-events: worker %s: batch for data_parallel_rank %lld of %d dropped",
+                  r->url, (long long)b->dp_rank, r->ranks);
+    }
+    return 0;
+}
+
 static void on_ops(void *ud)
 {
     kvr_kv_events *ev = ud;
@@ -149,6 +170,11 @@ static void on_ops(void *ud)
         wrec *r = rec(ev, op->worker, 0);
         if (r && r->gen && r->gen == op->gen) {
             if (op->kind == KVR_KV_OP_BATCH) {
+                if (!for_rank(ev, r, op->batch)) {
+                    kvr_kv_op_free(op);
+                    op = next;
+                    continue;
+                }
                 apply_batch(ev, op->worker, r, op->batch);
                 r->last_event_ms = now;
                 r->served = 0;
@@ -198,6 +224,17 @@ int kvr_kv_events_split(const char *url, char *host, size_t hcap, char *port, si
     host[hl] = 0;
     memcpy(port, p, pl + 1);
     return 0;
+}
+
+int kvr_kv_events_offset(const char *url, unsigned add, char *out, size_t cap)
+{
+    char host[256], port[16];
+    if (kvr_kv_events_split(url, host, sizeof(host), port, sizeof(port)) < 0 ||
+        atol(port) + (long)add > 65535)
+        return -1;
+    int n = snprintf(out, cap, strchr(host, ':') ? "tcp://[%s]:%ld" : "tcp://%s:%ld", host,
+                     atol(port) + (long)add);
+    return n > 0 && (size_t)n < cap ? 0 : -1;
 }
 
 static void start_resolve(kvr_kv_events *ev, size_t id, wrec *r, int which);
@@ -349,6 +386,12 @@ kvr_kv_events *kvr_kv_events_new(uv_loop_t *loop, const kvr_kv_events_cfg *cfg,
                                         "KV-event replays by result", 2, wr);
     ev->m_malformed = kvr_metrics_counter(metrics, "kvroute_kv_events_malformed_total",
                                           "KV-event messages that could not be decoded", 1, w);
+    const char *wre[] = {"worker", "reason"};
+    ev->m_dropped = kvr_metrics_counter(metrics, "kvroute_kv_events_dropped_total",
+                                        "KV-event batches not applied: reason=rank, a batch on "
+                                        "a data-parallel engine's shared endpoint naming a rank "
+                                        "it does not have",
+                                        2, wre);
     ev->m_skipped = kvr_metrics_counter(metrics, "kvroute_kv_skipped_blocks_total",
                                         "Stored blocks the KV block index could not record",
                                         1, re);
@@ -400,8 +443,10 @@ int kvr_kv_events_configure(kvr_kv_events *ev, kvr_worker *w, const kvr_kv_event
     if (!r)
         return 0;
     const char *topic = spec && spec->topic ? spec->topic : "";
+    int ranks = spec && spec->ranks > 1 ? spec->ranks : 0, rank = ranks ? spec->rank : 0;
     if (spec && r->configured && same(r->ep, spec->endpoint) &&
-        same(r->rep, spec->replay_endpoint) && same(r->topic, topic))
+        same(r->rep, spec->replay_endpoint) && same(r->topic, topic) && r->rank == rank &&
+        r->ranks == ranks)
         return 0;
     unsubscribe(ev, w->id, r);
     kvr_kv_index_clear_worker(ev->index, w->id);
@@ -425,6 +470,8 @@ int kvr_kv_events_configure(kvr_kv_events *ev, kvr_worker *w, const kvr_kv_event
     }
     r->trust = KVR_KV_DEGRADED;
     r->w = w;
+    r->rank = rank;
+    r->ranks = ranks;
     start_resolve(ev, w->id, r, 0);
     return 0;
 }
@@ -432,7 +479,7 @@ int kvr_kv_events_configure(kvr_kv_events *ev, kvr_worker *w, const kvr_kv_event
 void kvr_kv_events_drop(kvr_kv_events *ev, const kvr_worker *w)
 {
     kvr_metric *per_worker[] = {ev->m_state, ev->m_events, ev->m_gaps, ev->m_replays,
-                                ev->m_malformed};
+                                ev->m_malformed, ev->m_dropped};
     for (size_t i = 0; i < sizeof(per_worker) / sizeof(per_worker[0]); i++)
         kvr_metric_remove_matching(per_worker[i], "worker", w->url);
     wrec *r = rec(ev, w->id, 0);

@@ -37,6 +37,14 @@ typedef struct kvr_kv_events_spec {
     const char *endpoint;         /**< "tcp://HOST:PORT" of its PUB socket */
     const char *replay_endpoint;  /**< "tcp://HOST:PORT" of its replay ROUTER, NULL = none */
     const char *topic;            /**< SUB prefix, NULL or "" = every message */
+    int rank;                     /**< with `ranks`: the data-parallel rank this worker is */
+    int ranks;                    /**< > 1 when the engine's `ranks` data-parallel ranks share
+                                       this endpoint: only batches whose data_parallel_rank is
+                                       `rank` (absent or nil = 0) are applied, and rank 0's
+                                       subscription counts a batch naming no rank in
+                                       0..ranks-1 as dropped
+                                       (kvroute_kv_events_dropped_total{worker,reason="rank"});
+                                       0 or 1 = every batch applied */
 } kvr_kv_events_spec;
 
 /** Splits a KV-event endpoint "tcp://HOST:PORT" (HOST a name or address, [v6] bracketed;
@@ -44,6 +52,12 @@ typedef struct kvr_kv_events_spec {
  *  when malformed — including vLLM's bind form (tcp, star host, port), which names no host to dial.
  *  The config check and the runtime use this one parser. */
 int kvr_kv_events_split(const char *url, char *host, size_t hcap, char *port, size_t pcap);
+
+/** Writes endpoint `url` ("tcp://HOST:PORT") with its port raised by `add` into `out` (cap
+ *  bytes): where data-parallel rank `add` of a vLLM engine publishes (vLLM offsets each
+ *  rank's publisher and replay ports by its rank). Returns 0, or -1 when `url` is malformed,
+ *  the port passes 65535 or `out` is too small. */
+int kvr_kv_events_offset(const char *url, unsigned add, char *out, size_t cap);
 
 /** Connect-time egress check (kvr_app_allow_connect): 1 allows dialling `sa` for `url`. */
 typedef int (*kvr_kv_allow_fn)(void *ud, const char *url, const struct sockaddr *sa);

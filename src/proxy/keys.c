@@ -145,7 +145,7 @@ int kvr_request_keys_tokenize(kvr_app *app, kvr_route *route, kvr_endpoint ep, k
         .header_len = hdr ? strlen(hdr) : 0,
         .cache_key = rk->k.text_len ? rk->k.text : NULL, /* the model is in the digest */
         .cache_key_len = rk->k.text_len,
-        .worker_url = w->url,
+        .worker_url = kvr_worker_base(w), /* a data-parallel rank's engine */
         .model = t ? t->model : NULL,
         .api_key = w->api_key,
     };

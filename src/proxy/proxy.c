@@ -70,6 +70,7 @@ typedef struct preq {
     int pinned;           /* the Responses API id of the answer is pinned to its worker */
     char attempts[KVR_FMT_U64_MAX]; /* x-kvroute-attempts */
     size_t tried[MAX_ATTEMPTS]; /* worker ids already attempted */
+    const kvr_worker *tried_engine[MAX_ATTEMPTS]; /* and their engines (kvr_worker.engine) */
     size_t ntried;
     kvr_buf held;         /* SSE: bytes of an event not yet complete, relayed when it is */
     kvr_usage usage;
@@ -107,8 +108,9 @@ typedef struct preq {
     /* Not zeroed by preq_new (~7 KB a request would clear for nothing): each is written
      * before it is read (url and auth start as empty strings, fwd up to nfwd). */
     char url[URL_CAP];
-    kvr_http_header fwd[MAX_FWD_HEADERS + 2];
+    kvr_http_header fwd[MAX_FWD_HEADERS + 3];
     char auth[1100];      /* "Bearer <worker key>" of the current attempt */
+    char dp_rank[12];     /* the current attempt's X-data-parallel-rank value */
 } preq;
 
 /* The worker learns from this request: its input lands in the worker's KV cache. A
@@ -854,10 +856,12 @@ static void build_forward_headers(preq *p)
             kvr_header_is(h->name, h->name_len, "authorization") ||
             kvr_header_is(h->name, h->name_len, "x-api-key") ||
             kvr_header_is(h->name, h->name_len, "x-kvroute-token-ids") ||
+            kvr_header_is(h->name, h->name_len, "x-data-parallel-rank") ||
             (p->tr.on && kvr_header_is(h->name, h->name_len, "traceparent")) ||
             (p->tr.on && !p->tr.has_parent && kvr_header_is(h->name, h->name_len, "tracestate")))
             continue; /* client credentials are kvroute's to check, never the worker's; the
-                       * token ids are kvroute's routing input and may be large; each attempt
+                       * token ids are kvroute's routing input and may be large; the
+                       * data-parallel rank is the routing decision's, never the client's; each attempt
                        * gets its own traceparent, and a tracestate without a valid parent is
                        * dropped (W3C Trace Context §3.3) */
         p->fwd[p->nfwd++] = *h;
@@ -879,6 +883,12 @@ static size_t attempt_headers(preq *p)
     if (p->tr.on)
         p->fwd[p->nfwd++] = (kvr_http_header){"traceparent", 11, p->tr.traceparent,
                                               KVR_TRACEPARENT_LEN};
+    if (p->w->dp_rank >= 0) {
+        /* vLLM's API server sends a request carrying it to that data-parallel rank's engine
+         * core (vllm/entrypoints/openai/api_server.py, _get_data_parallel_rank). */
+        int n = snprintf(p->dp_rank, sizeof(p->dp_rank), "%d", p->w->dp_rank);
+        p->fwd[p->nfwd++] = (kvr_http_header){"X-data-parallel-rank", 20, p->dp_rank, (size_t)n};
+    }
     return p->nfwd;
 }
 
@@ -1138,15 +1148,26 @@ static void begin(preq *p)
     start_attempt(p);
 }
 
-/* Workers of the route at their max_inflight, added to the exclusion list after the tried
- * ones; returns the list's new length. */
+/* 1 when `w` runs in an engine an attempt of `p` already tried: another rank of a
+ * data-parallel engine that failed is the same process behind the same port. */
+static int engine_tried(const preq *p, const kvr_worker *w)
+{
+    for (size_t i = 0; i < p->ntried; i++)
+        if (p->tried_engine[i] == w->engine)
+            return 1;
+    return 0;
+}
+
+/* Workers of the route at their max_inflight, and the other ranks of the engines already
+ * tried, added to the exclusion list after the tried ones; returns the list's new length. */
 static size_t exclude_full(preq *p, size_t *ex, size_t cap)
 {
     size_t n = p->ntried;
     memcpy(ex, p->tried, n * sizeof(*ex));
     for (size_t i = 0; i < p->route->ntargets && n < cap; i++) {
         const kvr_worker *w = p->route->targets[i].worker;
-        if (w->max_inflight && (uint64_t)kvr_worker_load(w) >= w->max_inflight)
+        if ((w->max_inflight && (uint64_t)kvr_worker_load(w) >= w->max_inflight) ||
+            (w->dp_rank >= 0 && engine_tried(p, w)))
             ex[n++] = w->id;
     }
     return n;
@@ -1158,7 +1179,7 @@ static int pick_fixed(preq *p, int process)
 {
     kvr_worker *w = p->fixed;
     const kvr_route_target *t = kvr_route_target_of(p->route, w);
-    if (!t || w->removed || !w->healthy || !kvr_breaker_admits(&w->breaker))
+    if (!t || w->removed || !kvr_worker_healthy(w) || !kvr_breaker_admits(kvr_worker_breaker(w)))
         return -1;
     if ((process && p->app->cfg.max_inflight && g_inflight >= p->app->cfg.max_inflight) ||
         (w->max_inflight && (uint64_t)kvr_worker_load(w) >= w->max_inflight))
@@ -1364,6 +1385,7 @@ static int start_attempt(preq *p)
     size_t blen;
     attempt_span_close(p); /* the attempt this one replaces */
     p->w = p->pick.worker;
+    p->tried_engine[p->ntried] = p->w->engine;
     p->tried[p->ntried++] = p->w->id;
     const char *body = attempt_body(p, &blen);
     /* A stored response's path carries its id and query: forwarded as the client sent it. */

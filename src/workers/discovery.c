@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "util/log.h"
+#include "workers/engine.h"
 #include "workers/periodic.h"
 #include "workers/probe.h"
 
@@ -61,7 +62,12 @@ static void on_models(kvr_workers_ctx *ctx, kvr_worker *w, int status, const cha
                  len, len >= BODY_CAP ? " (cut at the 4 MiB cap)" : "");
         return;
     }
-    if (kvr_worker_set_models(w, ids, (size_t)n)) {
+    kvr_worker *ranks[KVR_ENGINE_MAX_RANKS];
+    size_t nr = kvr_engine_ranks(ctx, w, ranks);
+    int changed = 0;
+    for (size_t i = 0; i < nr; i++) /* an engine's ranks serve what it lists */
+        changed |= kvr_worker_set_models(ranks[i], ids, (size_t)n);
+    if (changed) {
         /* Model ids come from the worker: printable ASCII only, so a log line stays one. */
         char first[65] = "-";
         for (size_t i = 0; n && ids[0][i] && i < sizeof(first) - 1; i++) {
@@ -83,6 +89,8 @@ static void tick(uv_timer_t *t)
     int full = g_ticks++ % every == 0;
     for (size_t i = 0; i < kvr_registry_count(ctx->reg); i++) {
         kvr_worker *w = kvr_registry_at(ctx->reg, i);
+        if (w->engine != w)
+            continue; /* one read per data-parallel engine */
         /* Workers that never answered are asked every tick, so a fleet starting up is
          * routable within a second of its workers serving. */
         if (full || !w->models)
@@ -101,7 +109,7 @@ void kvr_discovery_start(kvr_workers_ctx *ctx)
 void kvr_discovery_probe(kvr_workers_ctx *ctx, kvr_worker *w)
 {
     if (ctx->discover)
-        kvr_probe_worker(ctx, w, "/v1/models", BODY_CAP, TICK_MS, on_models);
+        kvr_probe_worker(ctx, w->engine, "/v1/models", BODY_CAP, TICK_MS, on_models);
 }
 
 void kvr_discovery_stop(void)

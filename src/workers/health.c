@@ -3,6 +3,7 @@
 
 #include "util/log.h"
 #include "util/time.h"
+#include "workers/engine.h"
 #include "workers/periodic.h"
 #include "workers/probe.h"
 
@@ -19,12 +20,12 @@ static void maybe_forget(kvr_workers_ctx *ctx, kvr_worker *w, uint64_t now_ms)
     w->forgotten = 1;
     KVR_INFO("msg=\"worker down too long: forgetting what was learned\" worker=%s down_ms=%llu",
              w->url, (unsigned long long)(now_ms - w->down_since_ms));
-    if (ctx->on_forget)
-        ctx->on_forget(ctx->ud, w);
+    kvr_engine_forget(ctx, w);
 }
 
 void kvr_health_apply(kvr_workers_ctx *ctx, kvr_worker *w, int ok, uint64_t now_ms)
 {
+    w = w->engine;
     uint32_t up = ctx->healthy_threshold ? ctx->healthy_threshold : 1;
     uint32_t down = ctx->unhealthy_threshold ? ctx->unhealthy_threshold : 1;
     if (ok) {
@@ -49,6 +50,7 @@ void kvr_health_apply(kvr_workers_ctx *ctx, kvr_worker *w, int ok, uint64_t now_
 
 void kvr_health_mark_down(kvr_workers_ctx *ctx, kvr_worker *w, uint64_t now_ms)
 {
+    w = w->engine;
     if (!ctx->health_interval_ms || !w->healthy)
         return;
     KVR_WARN("msg=\"worker unreachable: unhealthy until its checks pass\" worker=%s", w->url);
@@ -78,6 +80,8 @@ static void round_cb(uv_timer_t *t)
     uint64_t now = kvr_now_ms();
     for (size_t i = 0; i < kvr_registry_count(ctx->reg); i++) {
         kvr_worker *w = kvr_registry_at(ctx->reg, i);
+        if (w->engine != w)
+            continue; /* one check per data-parallel engine, by rank 0 */
         maybe_forget(ctx, w, now);
         kvr_probe_worker(ctx, w, ctx->health_path, BODY_CAP, timeout, on_health);
     }

@@ -11,11 +11,12 @@
 /** Starts the checks (off when ctx->health_interval_ms is 0); the first round runs at once. A
  *  probe times out within min(interval, 5 s). Changes are logged. */
 void kvr_health_start(kvr_workers_ctx *ctx);
-/** Applies one check result to `w` (`ok` 1 or 0) at monotonic time `now_ms`: thresholds,
+/** Applies one check result to `w`'s engine (`ok` 1 or 0; every rank of a data-parallel
+ *  engine shares it) at monotonic time `now_ms`: thresholds,
  *  down time, and ctx->on_forget once a worker has been down longer than forget_after_ms.
  *  Used by the prober and by tests. */
 void kvr_health_apply(kvr_workers_ctx *ctx, kvr_worker *w, int ok, uint64_t now_ms);
-/** Marks `w` unhealthy now, as `unhealthy_threshold` failed checks would (a request found its
+/** Marks `w` (its engine: every rank of it) unhealthy now, as `unhealthy_threshold` failed checks would (a request found its
  *  port closed: the engine is gone, and a dead worker with no load would otherwise attract
  *  least-loaded decisions until the next check). It comes back after `healthy_threshold`
  *  passed checks. No-op with health checks off (nothing would bring it back). */

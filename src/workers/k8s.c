@@ -59,6 +59,7 @@ void kvr_k8s_cfg_default(kvr_k8s_cfg *c)
 {
     memset(c, 0, sizeof(*c));
     c->watch_timeout_s = 300;
+    c->data_parallel_size = 1;
     c->backoff_max_ms = 30000;
     c->max_event_bytes = 4u << 20;
     c->max_list_bytes = 32u << 20;

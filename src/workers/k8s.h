@@ -53,6 +53,10 @@ typedef struct kvr_k8s_cfg {
                                  (tcp://IP:PORT); NULL = none */
     const char *kv_replay_port; /**< --k8s-kv-replay-port: its replay ROUTER port; NULL = none */
     const char *kv_topic;   /**< --k8s-kv-topic: the events' topic (NULL = every message) */
+    uint32_t data_parallel_size; /**< --k8s-data-parallel-size: each endpoint is a vLLM engine
+                                      of this many data-parallel ranks (1 = plain workers);
+                                      rank r's KV events on the events port + r, as vLLM
+                                      publishes them */
     uint64_t watch_timeout_s;  /**< --k8s-watch-timeout-s: timeoutSeconds of a watch (300);
                                     the server ends it then and kvroute resumes it */
     uint64_t backoff_max_ms;   /**< --k8s-backoff-max-ms: longest wait between retries

@@ -50,9 +50,10 @@ static size_t origin_len(const char *url)
  * party, and a key sent there would leak. */
 static const char *bearer_for(const kvr_worker *w)
 {
-    size_t n = origin_len(w->url);
+    const char *base = kvr_worker_base(w);
+    size_t n = origin_len(base);
     if (!w->api_key || n != origin_len(w->lmcache_endpoint) ||
-        strncmp(w->url, w->lmcache_endpoint, n) != 0)
+        strncmp(base, w->lmcache_endpoint, n) != 0)
         return NULL;
     return w->api_key;
 }

@@ -41,6 +41,9 @@ void kvr_worker_unref(kvr_worker *w)
     free_models(w);
     kvr_worker_set_api_key(w, NULL);
     free(w->lmcache_endpoint);
+    if (w->engine != w)
+        kvr_worker_unref(w->engine);
+    free(w->base_url);
     free(w->url);
     free(w->name);
     free(w);
@@ -82,6 +85,8 @@ kvr_worker *kvr_registry_add(kvr_registry *r, const char *url, const char *name,
         abort();
     w->id = r->next_id++;
     w->refs = 1;
+    w->dp_rank = -1;
+    w->engine = w;
     w->weight = weight > 0 ? weight : 1;
     w->healthy = 1;
     w->queue = w->running = w->kv_usage = -1;
@@ -92,6 +97,41 @@ kvr_worker *kvr_registry_add(kvr_registry *r, const char *url, const char *name,
     return w;
 }
 
+/* Rank r > 0 of a data-parallel engine shares rank 0's health and breaker: it points at the
+ * rank 0 registered now (a rank restored by a reload may have outlived the old rank 0). */
+static void link_engine(kvr_registry *r, kvr_worker *w)
+{
+    if (w->dp_rank <= 0)
+        return;
+    char u[2048];
+    snprintf(u, sizeof(u), "%s#0", w->base_url);
+    kvr_worker *e = kvr_registry_find_url(r, u);
+    if (!e || e == w->engine)
+        return;
+    kvr_worker_ref(e);
+    if (w->engine != w)
+        kvr_worker_unref(w->engine);
+    w->engine = e;
+}
+
+kvr_worker *kvr_registry_add_rank(kvr_registry *r, const char *base_url, int rank, int size,
+                                  const char *name, double weight)
+{
+    char u[2048];
+    if (rank < 0 || rank >= size || strlen(base_url) > 2000)
+        return NULL;
+    snprintf(u, sizeof(u), "%s#%d", base_url, rank);
+    kvr_worker *w = kvr_registry_add(r, u, name, weight);
+    if (!w)
+        return NULL;
+    if (!(w->base_url = strdup(base_url)))
+        abort();
+    w->dp_rank = rank;
+    w->dp_size = size;
+    link_engine(r, w);
+    return w;
+}
+
 int kvr_registry_readd(kvr_registry *r, kvr_worker *w)
 {
     if (kvr_registry_find_url(r, w->url) || kvr_registry_find_name(r, w->name))
@@ -99,7 +139,54 @@ int kvr_registry_readd(kvr_registry *r, kvr_worker *w)
     kvr_worker_ref(w);
     w->removed = 0;
     append(r, w);
+    link_engine(r, w);
     return 0;
+}
+
+/* `a` and `b` equal but for trailing slashes (the same engine URL). */
+static int same_base(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    while (la > 7 && a[la - 1] == '/')
+        la--;
+    while (lb > 7 && b[lb - 1] == '/')
+        lb--;
+    return la == lb && memcmp(a, b, la) == 0;
+}
+
+int kvr_worker_in_engine(const kvr_worker *w, const char *id)
+{
+    if (w->dp_rank < 0)
+        return 0;
+    if (same_base(w->base_url, id))
+        return 1;
+    char rn[16];
+    size_t nl = strlen(id), k = (size_t)snprintf(rn, sizeof(rn), "#%d", w->dp_rank);
+    return strlen(w->name) == nl + k && strncmp(w->name, id, nl) == 0 &&
+           strcmp(w->name + nl, rn) == 0;
+}
+
+size_t kvr_registry_find_engine(const kvr_registry *r, const char *id, kvr_worker **out,
+                                size_t cap)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < r->n && k < cap; i++)
+        if (kvr_worker_in_engine(r->w[i], id))
+            out[k++] = r->w[i];
+    return k;
+}
+
+size_t kvr_registry_ranks(const kvr_registry *r, const kvr_worker *engine, kvr_worker **out,
+                          size_t cap)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < r->n; i++)
+        if (r->w[i]->engine == engine && r->w[i] != engine) {
+            if (k < cap)
+                out[k] = r->w[i];
+            k++;
+        }
+    return k;
 }
 
 void kvr_registry_remove(kvr_registry *r, kvr_worker *w)
@@ -232,13 +319,14 @@ void kvr_worker_release(kvr_worker *w)
 
 int kvr_worker_url(const kvr_worker *w, const char *path, char *out, size_t cap)
 {
-    size_t bl = strlen(w->url);
-    while (bl > 7 && w->url[bl - 1] == '/')
+    const char *base = kvr_worker_base(w);
+    size_t bl = strlen(base);
+    while (bl > 7 && base[bl - 1] == '/')
         bl--;
     size_t pl = strlen(path);
     if (bl + pl >= cap)
         return -1;
-    memcpy(out, w->url, bl);
+    memcpy(out, base, bl);
     memcpy(out + bl, path, pl + 1);
     return 0;
 }

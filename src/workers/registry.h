@@ -20,6 +20,15 @@ void kvr_registry_free(kvr_registry *r);
  *  1). Returns the worker (one reference, the registry's), or NULL if the URL or the name is
  *  already registered or the URL is not an http:// URL. */
 kvr_worker *kvr_registry_add(kvr_registry *r, const char *url, const char *name, double weight);
+/** Adds rank `rank` (0 ≤ rank < `size`) of the data-parallel engine at `base_url`: a worker
+ *  whose url is "<base_url>#<rank>" (its identity in metrics, headers and indexes) and whose
+ *  requests go to `base_url` with X-data-parallel-rank (vLLM's DP routing header). Rank 0 is
+ *  its own engine; another rank shares the registered rank 0's health and circuit breaker
+ *  (kvr_worker.engine), so add rank 0 first. `name`, `weight` as kvr_registry_add (`name`
+ *  NULL = the rank's url). Returns the worker, or NULL as kvr_registry_add does (or a rank out
+ *  of range). */
+kvr_worker *kvr_registry_add_rank(kvr_registry *r, const char *base_url, int rank, int size,
+                                  const char *name, double weight);
 /** Registers again a worker removed earlier and still alive (its requests still running), so
  *  a worker dropped and restored by two reloads keeps its in-flight load. Returns 0, or -1
  *  when its URL or name is taken meanwhile. */
@@ -34,6 +43,18 @@ kvr_worker *kvr_registry_at(const kvr_registry *r, size_t i);
 kvr_worker *kvr_registry_get(const kvr_registry *r, size_t id);
 kvr_worker *kvr_registry_find_url(const kvr_registry *r, const char *url);
 kvr_worker *kvr_registry_find_name(const kvr_registry *r, const char *name);
+/** The registered workers other than `engine` whose engine it is (the ranks 1..N-1 of a
+ *  data-parallel engine whose rank 0 is `engine`): up to `cap` into `out`. Returns how many
+ *  there are (may exceed `cap`). */
+size_t kvr_registry_ranks(const kvr_registry *r, const kvr_worker *engine, kvr_worker **out,
+                          size_t cap);
+/** 1 when `w` is a rank of the data-parallel engine `id` names: its URL (trailing slashes
+ *  aside) or its name (the rank's name is "<id>#<rank>"). */
+int kvr_worker_in_engine(const kvr_worker *w, const char *id);
+/** The registered ranks of the data-parallel engine `id` names (kvr_worker_in_engine), in
+ *  registration order, up to `cap` into `out`. Returns how many were stored (0: none). */
+size_t kvr_registry_find_engine(const kvr_registry *r, const char *id, kvr_worker **out,
+                                size_t cap);
 /** Number of eligible workers (kvr_worker_eligible). */
 size_t kvr_registry_eligible_count(const kvr_registry *r);
 
@@ -61,7 +82,8 @@ void kvr_worker_acquire(kvr_worker *w);
 /** Releases the unit when that attempt ends (exactly once per acquire, whatever the path). */
 void kvr_worker_release(kvr_worker *w);
 
-/** Builds "<base URL without trailing slash><path>" into `out` (cap bytes, NUL-terminated).
+/** Builds "<base URL without trailing slash><path>" (the engine's URL for a data-parallel
+ *  rank: kvr_worker_base) into `out` (cap bytes, NUL-terminated).
  *  Returns 0, or -1 when it does not fit. */
 int kvr_worker_url(const kvr_worker *w, const char *path, char *out, size_t cap);
 

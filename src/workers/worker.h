@@ -17,7 +17,19 @@ typedef enum kvr_worker_role {
 /** State of one worker, owned by the registry (src/workers/registry.h). Policies read it. */
 typedef struct kvr_worker {
     char *url;              /**< base URL exactly as configured ("http://127.0.0.1:9001"); the
-                                 `worker` metric label, x-kvroute-worker and hash-ring key */
+                                 `worker` metric label, x-kvroute-worker and hash-ring key.
+                                 A data-parallel rank's is "URL#r" (DESIGN §10): never
+                                 connect to it, kvr_worker_base() is the address */
+    char *base_url;         /**< a data-parallel rank's engine URL (owned, without "#r"): what
+                                 every request, probe and scrape connects to; NULL for a plain
+                                 worker (its url is its address) */
+    int dp_rank;            /**< its data-parallel rank r (vLLM's X-data-parallel-rank), -1 for
+                                 a plain worker */
+    int dp_size;            /**< the engine's data_parallel_size (0 for a plain worker) */
+    struct kvr_worker *engine; /**< whose health, circuit breaker and scrapes this worker's
+                                    are: itself for a plain worker and rank 0, rank 0 for the
+                                    other ranks (referenced by them; kvr_registry_add_rank).
+                                    Never NULL */
     char *name;             /**< its name in the config (defaults to the URL); routes' targets
                                  and the admin paths name it */
     double weight;          /**< configured weight (1): the default weight of its targets */
@@ -73,11 +85,32 @@ typedef struct kvr_worker {
     int lmcache_polling;    /**< a poll of the current endpoint is in flight */
 } kvr_worker;
 
+/** The URL requests to `w` go to: a data-parallel rank's engine URL, else its own. */
+static inline const char *kvr_worker_base(const kvr_worker *w)
+{
+    return w->base_url ? w->base_url : w->url;
+}
+
+/** 1 while `w`'s engine passes its health checks: the ranks of a data-parallel engine share
+ *  one check (one process answers /health for all of them). */
+static inline int kvr_worker_healthy(const kvr_worker *w)
+{
+    return w->engine->healthy;
+}
+
+/** The circuit breaker that judges `w`: its engine's, so a failure on any rank of a
+ *  data-parallel engine counts for the whole engine (they share a process and a port). */
+static inline kvr_breaker *kvr_worker_breaker(const kvr_worker *w)
+{
+    return &w->engine->breaker;
+}
+
 /** Eligible = may receive new requests: healthy, circuit breaker not open (a half-open one
  *  admits its single trial), not draining, still configured (DESIGN §4 step 4, §11). */
 static inline int kvr_worker_eligible(const kvr_worker *w)
 {
-    return w->healthy && !w->draining && !w->removed && kvr_breaker_admits(&w->breaker);
+    return kvr_worker_healthy(w) && !w->draining && !w->removed &&
+           kvr_breaker_admits(kvr_worker_breaker(w));
 }
 
 /** The load every routing decision reads: this replica's attempts in flight at `w` plus the
