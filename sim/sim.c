@@ -127,6 +127,8 @@ int kvr_sim_run(const kvr_sim_config *c)
     s.eng = kvr_sim_engines_new(&s.loop, c, s.reg, &s.faults, err, sizeof(err));
     if (!s.eng) {
         KVR_ERROR("msg=\"%s\"", err);
+        uv_run(&s.loop, UV_RUN_DEFAULT); /* what the engines began and closed, then the loop */
+        uv_loop_close(&s.loop);
         kvr_metrics_free(s.reg);
         return 1;
     }
@@ -152,6 +154,11 @@ int kvr_sim_run(const kvr_sim_config *c)
     s.api = s.pd ? kvr_sim_api_new(&s.loop, &ac, s.eng, s.neng, s.pd, &s.faults, s.reg) : NULL;
     if (!s.api) {
         KVR_ERROR("msg=\"out of memory at start\"");
+        kvr_sim_pd_free(s.pd);
+        kvr_sim_engines_free(s.eng, s.neng);
+        uv_run(&s.loop, UV_RUN_DEFAULT);
+        uv_loop_close(&s.loop);
+        kvr_metrics_free(s.reg);
         return 1;
     }
     kvr_http_limits lim;
