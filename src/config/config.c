@@ -557,6 +557,8 @@ int kvr_config_url_ok(const char *u)
 {
     if (strncmp(u, "http://", 7) != 0)
         return 0;
+    if (strchr(u, '#'))
+        return 0; /* a fragment is never sent, and URL#r names a data-parallel rank */
     const char *h = u + 7;
     size_t hl = strcspn(h, "/?#");
     if (hl == 0 || h[0] == ':' || h[0] == '@')

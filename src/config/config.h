@@ -247,7 +247,8 @@ void kvr_config_free(kvr_config *c);
 void kvr_config_summary(const kvr_config *c, char *out, size_t cap);
 
 /** 1 when `u` is a worker base URL kvroute can use: http:// with a host and, if any, a port
- *  in 1..65535, no blanks or control bytes (the upstream client serves no other scheme). */
+ *  in 1..65535, no blanks or control bytes (the upstream client serves no other scheme), no
+ *  fragment (never sent; `URL#r` is the name of a data-parallel rank). */
 int kvr_config_url_ok(const char *u);
 /** Splits --worker's argument "URL[@N]": `*url_len` = the URL's length, `*size` = N (0 when
  *  there is no suffix). Only a trailing '@' followed by digits is a suffix, so an '@' of the

@@ -511,6 +511,14 @@ def test_check_example_config(procs, tmp_path):
                     out.strip()), out
 
 
+def test_check_refuses_a_worker_url_with_a_fragment(procs, tmp_path):
+    """URL#r names a data-parallel rank: a configured URL may not carry a fragment."""
+    rc, out, err = run_quick(procs, tmp_path, [KVROUTE_BIN, "--check", "--worker",
+                                               "http://127.0.0.1:9001#1"])
+    assert rc != 0, (out, err)
+    assert "http://127.0.0.1:9001#1" in out + err and "malformed" in out + err, (out, err)
+
+
 def test_example_config_mentions_every_flag(procs, tmp_path):
     if not EXAMPLE.exists():
         pytest.skip("docs/kvroute.example.yaml does not exist yet (being written)")
