@@ -203,6 +203,21 @@ static void explain_scores(json_t *row, const kvr_explain_row *ex)
     }
 }
 
+/* A disaggregated route's two picks: the prefill one (as explained above) and the decode
+ * one its decode side would make now. */
+static json_t *pd_picks(kvr_route *rt, const kvr_pick *pf, const kvr_route_keys *k)
+{
+    kvr_pick dp = {0};
+    const kvr_route_target *t;
+    kvr_route *dr = rt->pd->decode;
+    int ok = kvr_route_pick(dr, NULL, 0, k, NULL, 0, &dp, &t) == 0;
+    return json_pack("{s:s,s:{s:s,s:s?,s:s?,s:f},s:{s:s,s:s?,s:s?}}", "mode",
+                     rt->pd->mode == KVR_PD_SGLANG ? "sglang" : "vllm", "prefill", "policy",
+                     rt->ops->name, "worker", pf->worker ? pf->worker->url : NULL, "decision",
+                     pf->decision, "match", pf->match, "decode", "policy", dr->ops->name,
+                     "worker", ok ? dp.worker->url : NULL, "decision", ok ? dp.decision : NULL);
+}
+
 static void dbg_answer(dbg *d)
 {
     kvr_http_req *r = d->r;
@@ -210,8 +225,10 @@ static void dbg_answer(dbg *d)
     kvr_http_req_set_cbs(r, &(kvr_http_req_cbs){NULL, NULL}, NULL);
     kvr_pick pick = {0};
     const kvr_explain_row *ex = NULL;
-    size_t n = 0;
-    if (kvr_route_explain(rt, &d->keys.k, d->pin, d->pin_len, &pick, &ex, &n) < 0) {
+    size_t n = 0, nex = 0, exc[KVR_ADMIN_WORKERS_MAX];
+    /* A disaggregated route's own policy picks its prefill worker among the prefill ones. */
+    nex = kvr_route_role_exclude(rt, 1, exc, 0, sizeof(exc) / sizeof(exc[0]));
+    if (kvr_route_explain(rt, exc, nex, &d->keys.k, d->pin, d->pin_len, &pick, &ex, &n) < 0) {
         dbg_free(d);
         kvr_admin_reply_error(r, 503, "no eligible worker", NULL, 0);
         return;
@@ -237,6 +254,8 @@ static void dbg_answer(dbg *d)
                             pick.index, "session_key_bytes", (json_int_t)d->keys.k.session_len,
                             "routing_text_bytes", (json_int_t)d->keys.k.text_len,
                             "prompt_tokens", (json_int_t)d->keys.k.ntokens, "workers", rows);
+    if (rt->pd)
+        json_object_set_new(out, "pd", pd_picks(rt, &pick, &d->keys.k));
     dbg_free(d);
     kvr_admin_reply(r, 200, out);
 }

@@ -160,9 +160,10 @@ int kvr_admin_worker_parse(const json_t *body, kvr_api_worker *out, char *msg, s
     const json_t *v;
     json_object_foreach((json_t *)body, k, v) {
         if (strcmp(k, "url") && strcmp(k, "name") && strcmp(k, "weight") &&
-            strcmp(k, "routes") && strcmp(k, "role"))
+            strcmp(k, "routes") && strcmp(k, "role") && strcmp(k, "bootstrap_port"))
             return parse_fail(out, msg, cap,
-                              "unknown field '%.64s' (url, name, weight, routes, role)", k);
+                              "unknown field '%.64s' (url, name, weight, routes, role, "
+                              "bootstrap_port)", k);
     }
     json_t *uv = json_object_get(body, "url");
     const char *url = json_string_value(uv);
@@ -188,6 +189,13 @@ int kvr_admin_worker_parse(const json_t *body, kvr_api_worker *out, char *msg, s
     if (v && (!json_is_string(v) || kvr_worker_role_parse(json_string_value(v), &out->role)))
         return parse_fail(out, msg, cap, "'%s' must be \"both\", \"prefill\" or \"decode\"",
                           "role");
+    v = json_object_get(body, "bootstrap_port");
+    if (v && (!json_is_integer(v) || json_integer_value(v) < 1 ||
+              json_integer_value(v) > 65535))
+        return parse_fail(out, msg, cap, "'%s' must be a port number (1-65535)",
+                          "bootstrap_port");
+    if (v)
+        out->bootstrap_port = (uint16_t)json_integer_value(v);
     const json_t *routes = json_object_get(body, "routes");
     if (routes && (!json_is_array(routes) || json_array_size(routes) > ROUTES_MAX))
         return parse_fail(out, msg, cap, "'%s' must be an array of at most 256 route names",

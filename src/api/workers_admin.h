@@ -41,7 +41,8 @@ void kvr_admin_worker(kvr_app *app, kvr_http_req *r);
  *  `url` required, an http:// worker URL (kvr_config_url_ok) of at most 1024 bytes; `name`
  *  a non-empty string of printable bytes, at most 256 (default: the URL); `weight` a number
  *  in (0, 1e6] (default 1); `routes` an array of at most 256 non-empty strings (given:
- *  routes_set); `role` "both" (default), "prefill" or "decode"; no other field. Returns 0,
+ *  routes_set); `role` "both" (default), "prefill" or "decode"; `bootstrap_port` an integer
+ *  1-65535 (a prefill worker's SGLang bootstrap port; default 8998); no other field. Returns 0,
  *  or 400 with a message in `msg` (cap bytes) and `out` empty. */
 int kvr_admin_worker_parse(const json_t *body, kvr_api_worker *out, char *msg, size_t cap);
 

@@ -120,8 +120,10 @@ static kvr_worker *sync_api_worker(kvr_app *app, const kvr_api_worker *aw, kvr_e
 {
     kvr_worker_spec ws = {.url = aw->url, .name = aw->name, .weight = aw->weight};
     kvr_worker *w = sync_worker(app, &ws, errs);
-    if (w)
+    if (w) {
         w->role = aw->role;
+        w->bootstrap_port = aw->bootstrap_port ? aw->bootstrap_port : 8998;
+    }
     return w;
 }
 
@@ -246,7 +248,8 @@ int kvr_app_apply(kvr_app *app, kvr_config *c, kvr_errlist *errs)
         if (w) {
             kvr_worker_set_api_key(w, ext.keys[i]);
             w->max_inflight = ws->max_inflight;
-            w->role = KVR_ROLE_BOTH;
+            w->role = ws->role;
+            w->bootstrap_port = ws->bootstrap_port ? (uint16_t)ws->bootstrap_port : 8998;
             kvr_kv_events_spec kv = {ws->kv_endpoint, ws->kv_replay_endpoint, ws->kv_topic};
             if (app->kv && kvr_kv_events_configure(app->kv, w, ws->kv_endpoint ? &kv : NULL) < 0)
                 KVR_ERROR("msg=\"KV-event endpoint refused\" worker=%s endpoint=%s", w->url,
@@ -280,6 +283,7 @@ kvr_worker *kvr_app_add_worker(kvr_app *app, const kvr_api_worker *aw,
     kvr_api_worker *cp = &list[app->napi_workers];
     *cp = (kvr_api_worker){.url = strdup(aw->url), .name = strdup(aw->name),
                            .weight = aw->weight > 0 ? aw->weight : 1, .role = aw->role,
+                           .bootstrap_port = aw->bootstrap_port,
                            .routes = calloc(aw->nroutes + 1, sizeof(char *)),
                            .routes_set = aw->routes_set, .source = aw->source};
     int oom = !cp->url || !cp->name || !cp->routes;

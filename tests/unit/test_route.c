@@ -230,7 +230,7 @@ static void test_target_weights_reach_the_policy(void **state)
     const kvr_explain_row *rows;
     size_t n;
     kvr_route_keys k = keys("x");
-    assert_int_equal(kvr_route_explain(r, &k, NULL, 0, &p, &rows, &n), 0);
+    assert_int_equal(kvr_route_explain(r, NULL, 0, &k, NULL, 0, &p, &rows, &n), 0);
     assert_int_equal(n, 2);
     assert_true(rows[0].weight == 3 && rows[1].weight == 1);
     assert_int_equal(kvr_route_pick(r, NULL, 0, NULL, NULL, 0, &p, &tg), 0);

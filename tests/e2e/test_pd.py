@@ -1,0 +1,291 @@
+"""Prefill/decode disaggregation (issue 21, the router's part): routes whose targets include
+prefill-role workers (--prefill URL, --decode URL, `role:` in the file) run each chat or
+completions request as a prefill call and a decode call.
+
+vLLM mode (NixlConnector, sequential): the prefill worker gets a max_tokens 1, non-streaming
+copy asking for a remote decode; its answer's kv_transfer_params go with the original request
+to the decode worker, whose answer the client receives. SGLang mode (bootstrap): both get the
+request with the same bootstrap_host/port/room at the same time.
+
+Stub workers (tests/e2e/stub_worker.py, an emulated NixlConnector) show exactly what each
+worker received; kvroute-sim workers (--role) where a real engine's cache matters. Every wait is
+bounded; each test takes a few seconds.
+"""
+import concurrent.futures
+import json
+import subprocess
+import time
+
+import httpx
+import pytest
+
+from conftest import (KVROUTE_BIN, MODEL, SSL_CTX, assert_openai_error, chat_body,
+                      free_port, header_value, parse_sse, wait_until)
+
+NIXL_PREFILL = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+                "remote_block_ids": None, "remote_host": None, "remote_port": None}
+
+
+def pd_kvroute(kvroute, prefill, decode, extra=(), **kw):
+    argv = []
+    for w in prefill:
+        argv += ["--prefill", w.url]
+    for w in decode:
+        argv += ["--decode", w.url]
+    kw.setdefault("health_interval_ms", 0)
+    kw.setdefault("policy", None)
+    return kvroute([], extra=argv + list(extra), **kw)
+
+
+def calls(workers):
+    """{worker url: [logged chat/completions requests]}"""
+    return {w.url: [e for e in w.proxied()] for w in workers}
+
+
+def one_call(workers):
+    """The only request any of `workers` received, and its worker."""
+    got = [(w, e) for w in workers for e in w.proxied()]
+    assert len(got) == 1, "expected exactly one call, got %r" % [(w.url, e["seq"]) for w, e in got]
+    return got[0]
+
+
+# ============================================================================ vLLM mode
+def test_vllm_json_one_prefill_one_decode(stub, kvroute):
+    ps, ds = [stub(), stub()], [stub(), stub()]
+    kv = pd_kvroute(kvroute, ps, ds)
+    body = chat_body(content="tell me a story", max_tokens=50, min_tokens=3,
+                     stream_options={"include_usage": True})
+    r = kv.post("/v1/chat/completions", body, headers={"x-request-id": "pd-req-1"})
+    assert r.status_code == 200, r.text
+    pw, pe = one_call(ps)
+    dw, de = one_call(ds)
+    pb, db = pe["body_json"], de["body_json"]
+    # the prefill copy
+    assert pb["max_tokens"] == 1 and pb["stream"] is False
+    assert pb["kv_transfer_params"] == NIXL_PREFILL
+    for k in ("stream_options", "min_tokens"):
+        assert k not in pb
+    assert pb["messages"] == body["messages"]
+    # the decode call: the original plus the prefill's kv_transfer_params
+    assert db["kv_transfer_params"]["remote_engine_id"] == pw.name
+    assert db["kv_transfer_params"]["do_remote_prefill"] is True
+    assert {k: v for k, v in db.items() if k != "kv_transfer_params"} == body
+    # the client gets the decode's answer, with both workers named
+    assert r.headers["x-kvroute-worker"] == dw.url
+    assert r.headers["x-kvroute-prefill-worker"] == pw.url
+    assert r.headers["x-request-id"] == "pd-req-1"
+    assert header_value(pe, "x-request-id") == header_value(de, "x-request-id") == "pd-req-1"
+    assert r.json()["system_fingerprint"] == dw.name
+    assert "kv_transfer_params" not in r.json()
+    m = kv.metrics()
+    assert m.get("kvroute_pd_requests_total", model=MODEL, result="ok") == 1
+    assert m.get("kvroute_pd_prefill_seconds_count", model=MODEL) == 1
+
+
+def test_vllm_body_bytes_otherwise_identical(stub, kvroute):
+    """The decode body is the client's bytes with one member appended; the prefill copy keeps
+    every other member's bytes (spacing included)."""
+    ps, ds = [stub()], [stub()]
+    kv = pd_kvroute(kvroute, ps, ds)
+    raw = (b'{ "model" : "%s", "messages": [ {"role":"user", "content":"x  y"} ],\n'
+           b' "max_completion_tokens": 9, "stream":false }' % MODEL.encode())
+    r = kv.post("/v1/chat/completions", content=raw)
+    assert r.status_code == 200, r.text
+    pe, de = ps[0].proxied()[0], ds[0].proxied()[0]
+    assert pe["body_json"]["max_completion_tokens"] == 1 and pe["body_json"]["max_tokens"] == 1
+    kvtp = json.dumps(de["body_json"]["kv_transfer_params"], separators=(",", ":"))
+    want = raw[:-2] + b',"kv_transfer_params":' + kvtp.encode() + b" }"
+    assert de["body_len"] == len(want)
+    assert de["body_json"] == json.loads(want)
+
+
+def test_vllm_stream_reaches_client_intact(stub, kvroute):
+    ps, ds = [stub(), stub()], [stub(), stub()]
+    kv = pd_kvroute(kvroute, ps, ds)
+    body = chat_body(content="stream please", stream=True, stream_options={"include_usage": True})
+    r = kv.post("/v1/chat/completions", body)
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("text/event-stream")
+    pw, pe = one_call(ps)
+    dw, de = one_call(ds)
+    assert pe["body_json"]["stream"] is False and "stream_options" not in pe["body_json"]
+    assert de["body_json"]["stream"] is True
+    assert de["body_json"]["stream_options"] == {"include_usage": True}
+    assert r.content and __import__("hashlib").sha256(r.content).hexdigest() == de["resp_body_sha256"]
+    events = parse_sse(r.content)
+    assert events[-1]["data"] == "[DONE]"
+
+
+def test_vllm_turn2_same_prefill_worker(stub, kvroute):
+    ps, ds = [stub(), stub()], [stub(), stub()]
+    kv = pd_kvroute(kvroute, ps, ds)
+    msgs = [{"role": "system", "content": "You are a helpful assistant. " * 40},
+            {"role": "user", "content": "first question about the weather"}]
+    r1 = kv.post("/v1/chat/completions", {"model": MODEL, "messages": msgs})
+    assert r1.status_code == 200, r1.text
+    first = r1.headers["x-kvroute-prefill-worker"]
+    msgs2 = msgs + [r1.json()["choices"][0]["message"],
+                    {"role": "user", "content": "and tomorrow?"}]
+    for _ in range(3):
+        r2 = kv.post("/v1/chat/completions", {"model": MODEL, "messages": msgs2})
+        assert r2.status_code == 200, r2.text
+        assert r2.headers["x-kvroute-prefill-worker"] == first
+        assert r2.headers["x-kvroute-decision"] == "prefix_match"
+
+
+def test_vllm_prefill_killed_retries_other_then_local(stub, kvroute):
+    ps, ds = [stub(), stub()], [stub(), stub()]
+    kv = pd_kvroute(kvroute, ps, ds, extra=["--breaker-failures", "0"])
+    ps[0].kill()
+    for i in range(4):
+        r = kv.post("/v1/chat/completions", chat_body(content="q%d" % i))
+        assert r.status_code == 200, r.text
+        assert r.headers["x-kvroute-prefill-worker"] == ps[1].url
+    ps[1].kill()
+    for i in range(3):
+        r = kv.post("/v1/chat/completions", chat_body(content="local %d" % i, stream=i % 2 == 1))
+        assert r.status_code == 200, r.text
+        assert r.headers["x-kvroute-decision"] == "pd_local_prefill"
+        assert r.headers["x-kvroute-worker"] in (ds[0].url, ds[1].url)
+        assert "x-kvroute-prefill-worker" not in r.headers
+    # a local prefill is the original request: no kv_transfer_params
+    for e in ds[0].proxied() + ds[1].proxied():
+        if e["body_json"]["messages"][0]["content"].startswith("local"):
+            assert "kv_transfer_params" not in e["body_json"]
+    m = kv.metrics()
+    assert m.get("kvroute_pd_requests_total", model=MODEL, result="local_prefill") == 3
+    assert sum(v for lb, v in m.find("kvroute_pd_fallbacks_total")) == 3
+
+
+def test_vllm_prefill_without_kv_transfer_params_is_a_failure(stub, kvroute):
+    ps, ds = [stub(), stub()], [stub()]
+    ps[0].config(kv_transfer_params=None)
+    kv = pd_kvroute(kvroute, ps, ds)
+    for i in range(4):
+        r = kv.post("/v1/chat/completions", chat_body(content="n%d" % i))
+        assert r.status_code == 200, r.text
+        assert r.headers["x-kvroute-prefill-worker"] == ps[1].url
+    ps[1].config(kv_transfer_params=None)
+    r = kv.post("/v1/chat/completions", chat_body(content="none left"))
+    assert r.status_code == 200, r.text
+    assert r.headers["x-kvroute-decision"] == "pd_local_prefill"
+    m = kv.metrics()
+    assert m.get("kvroute_pd_fallbacks_total", model=MODEL, reason="no_kv_transfer_params") >= 1
+
+
+def test_vllm_prefill_5xx_retried(stub, kvroute):
+    ps, ds = [stub(), stub()], [stub()]
+    ps[0].config(mode="fail:503")
+    kv = pd_kvroute(kvroute, ps, ds)
+    for i in range(3):
+        r = kv.post("/v1/chat/completions", chat_body(content="f%d" % i))
+        assert r.status_code == 200, r.text
+        assert r.headers["x-kvroute-prefill-worker"] == ps[1].url
+
+
+def test_vllm_decode_failure_retried_with_same_params(stub, kvroute):
+    ps, ds = [stub()], [stub(), stub()]
+    ds[0].config(mode="fail:503")
+    kv = pd_kvroute(kvroute, ps, ds, extra=["--breaker-failures", "0"])
+    for i in range(8):
+        r = kv.post("/v1/chat/completions", chat_body(content="decode retry %d" % i))
+        assert r.status_code == 200, r.text
+        assert r.headers["x-kvroute-worker"] == ds[1].url
+    assert len(ps[0].proxied()) == 8  # a decode retry prefills nothing again
+    ok = {header_value(e, "x-request-id"): e["body_json"]["kv_transfer_params"]
+          for e in ds[1].proxied()}
+    failed = ds[0].proxied()
+    assert failed, "no request tried the failing decode worker first"
+    for e in failed:
+        assert e["body_json"]["kv_transfer_params"] == ok[header_value(e, "x-request-id")]
+
+
+def test_completions_and_debug_route(stub, kvroute):
+    ps, ds = [stub()], [stub()]
+    admin = free_port()
+    kv = pd_kvroute(kvroute, ps, ds, extra=["--admin-port", str(admin)])
+    r = kv.post("/v1/completions", {"model": MODEL, "prompt": "once", "max_tokens": 7})
+    assert r.status_code == 200, r.text
+    assert ps[0].proxied()[0]["body_json"]["max_tokens"] == 1
+    assert ds[0].proxied()[0]["body_json"]["max_tokens"] == 7
+    d = httpx.post("http://127.0.0.1:%d/debug/route" % admin,
+                   json={"model": MODEL, "prompt": "once"}, timeout=5.0).json()
+    assert d["pd"]["prefill"]["worker"] == ps[0].url
+    assert d["pd"]["decode"]["worker"] == ds[0].url
+    assert d["worker"] == ps[0].url
+
+
+def test_non_generating_endpoint_skips_prefill(stub, kvroute):
+    ps, ds = [stub()], [stub()]
+    kv = pd_kvroute(kvroute, ps, ds)
+    r = kv.post("/v1/messages/count_tokens", {"model": MODEL, "messages": [
+        {"role": "user", "content": "hi"}]}, headers={"anthropic-version": "2023-06-01"})
+    assert r.status_code == 200, r.text
+    assert ps[0].proxied() == [] or all(e["path"] != "/v1/messages/count_tokens"
+                                        for e in ps[0].requests())
+
+
+# ============================================================================ SGLang mode
+def test_sglang_same_room_concurrent(stub, kvroute, tmp_path):
+    p, d = stub(), stub()
+    cfg = tmp_path / "kvroute.yaml"
+    cfg.write_text("""
+workers:
+  - {url: "%s", name: p0, role: prefill, bootstrap_port: 9123}
+  - {url: "%s", name: d0, role: decode}
+routes:
+  - name: %s
+    pd: {mode: sglang}
+    targets: [p0, d0]
+""" % (p.url, d.url, MODEL))
+    kv = kvroute([], model=None, policy=None, health_interval_ms=0,
+                 extra=["--config", str(cfg)])
+    for stream in (False, True):
+        p.reset()
+        d.reset()
+        r = kv.post("/v1/chat/completions", chat_body(content="sg", stream=stream),
+                    headers={"x-stub-mode": "delay:300"})
+        assert r.status_code == 200, r.text
+        pe, de = p.proxied()[0], d.proxied()[0]
+        pb, db = pe["body_json"], de["body_json"]
+        assert pb["bootstrap_room"] == db["bootstrap_room"]
+        assert 0 <= pb["bootstrap_room"] < 2 ** 63
+        assert pb["bootstrap_host"] == db["bootstrap_host"] == "127.0.0.1"
+        assert pb["bootstrap_port"] == db["bootstrap_port"] == 9123
+        # concurrent: each arrived before the other answered
+        assert pe["t_start"] < de["t_headers_sent"] and de["t_start"] < pe["t_headers_sent"]
+        assert r.headers["x-kvroute-worker"] == d.url
+        assert r.headers["x-kvroute-prefill-worker"] == p.url
+        assert __import__("hashlib").sha256(r.content).hexdigest() == de["resp_body_sha256"]
+    rooms = set()
+
+
+# ============================================================================ configuration
+def test_check_refuses_prefill_without_decode(stub, tmp_path):
+    cfg = tmp_path / "kvroute.yaml"
+    cfg.write_text("""
+workers:
+  - {url: "http://127.0.0.1:1", name: p0, role: prefill}
+routes:
+  - name: m
+    targets: [p0]
+""")
+    out = subprocess.run([str(KVROUTE_BIN), "--check", "--config", str(cfg)],
+                         capture_output=True, text=True, timeout=10)
+    assert out.returncode != 0
+    assert "no decode" in out.stderr + out.stdout
+    out = subprocess.run([str(KVROUTE_BIN), "--check", "--prefill", "http://127.0.0.1:1"],
+                         capture_output=True, text=True, timeout=10)
+    assert out.returncode != 0
+    cfg.write_text("""
+workers:
+  - {url: "http://127.0.0.1:1", name: p0, role: prefill}
+  - {url: "http://127.0.0.1:2", name: d0, role: decode}
+routes:
+  - name: m
+    pd: {mode: nixl}
+    targets: [p0, d0]
+""")
+    out = subprocess.run([str(KVROUTE_BIN), "--check", "--config", str(cfg)],
+                         capture_output=True, text=True, timeout=10)
+    assert out.returncode != 0 and "nixl" in out.stderr + out.stdout
