@@ -11,16 +11,16 @@ Stub workers (tests/e2e/stub_worker.py, an emulated NixlConnector) show exactly 
 worker received; kvroute-sim workers (--role) where a real engine's cache matters. Every wait is
 bounded; each test takes a few seconds.
 """
-import concurrent.futures
+import hashlib
 import json
+import shutil
 import subprocess
-import time
 
 import httpx
 import pytest
 
-from conftest import (KVROUTE_BIN, MODEL, SSL_CTX, assert_openai_error, chat_body,
-                      free_port, header_value, parse_sse, wait_until)
+from conftest import (E2E_DIR, KVROUTE_BIN, MODEL, chat_body, free_port, header_value,
+                      parse_sse)
 
 NIXL_PREFILL = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
                 "remote_block_ids": None, "remote_host": None, "remote_port": None}
@@ -111,7 +111,7 @@ def test_vllm_stream_reaches_client_intact(stub, kvroute):
     assert pe["body_json"]["stream"] is False and "stream_options" not in pe["body_json"]
     assert de["body_json"]["stream"] is True
     assert de["body_json"]["stream_options"] == {"include_usage": True}
-    assert r.content and __import__("hashlib").sha256(r.content).hexdigest() == de["resp_body_sha256"]
+    assert r.content and hashlib.sha256(r.content).hexdigest() == de["resp_body_sha256"]
     events = parse_sse(r.content)
     assert events[-1]["data"] == "[DONE]"
 
@@ -225,6 +225,30 @@ def test_non_generating_endpoint_skips_prefill(stub, kvroute):
                                         for e in ps[0].requests())
 
 
+def test_vllm_openai_node_client(stub, kvroute):
+    """The official openai@6 client, plain and streamed, through a disaggregated route."""
+    node = shutil.which("node")
+    js = E2E_DIR / "js"
+    assert node and (js / "node_modules" / "openai").is_dir(), "node or openai@6 missing"
+    ps, ds = [stub()], [stub()]
+    kv = pd_kvroute(kvroute, ps, ds)
+    p = subprocess.run([node, str(js / "openai_client.mjs"), kv.url + "/v1", MODEL],
+                       cwd=str(js), capture_output=True, timeout=60, text=True)
+    lines = [json.loads(ln) for ln in p.stdout.splitlines() if ln.strip().startswith("{")]
+    steps = {o["step"]: o for o in lines}
+    assert p.returncode == 0, "openai client failed: %r; %s" % (lines[-1:], p.stderr[-2000:])
+    for step in ("chat", "stream"):
+        assert steps[step]["content"] == "tok0 tok1 tok2 tok3 tok4 ", steps[step]
+        assert steps[step]["finish_reason"] == "stop"
+        assert steps[step]["usage"]["completion_tokens"] == 5
+    assert steps["chat"]["worker"] == ds[0].url
+    pre, dec = ps[0].proxied(), ds[0].proxied()
+    assert len(pre) == 2 and len(dec) == 2
+    assert all(e["body_json"]["max_tokens"] == 1 and e["body_json"]["stream"] is False
+               for e in pre)
+    assert dec[1]["stream"] is True and "kv_transfer_params" in dec[1]["body_json"]
+
+
 # ============================================================================ SGLang mode
 def test_sglang_same_room_concurrent(stub, kvroute, tmp_path):
     p, d = stub(), stub()
@@ -256,8 +280,18 @@ routes:
         assert pe["t_start"] < de["t_headers_sent"] and de["t_start"] < pe["t_headers_sent"]
         assert r.headers["x-kvroute-worker"] == d.url
         assert r.headers["x-kvroute-prefill-worker"] == p.url
-        assert __import__("hashlib").sha256(r.content).hexdigest() == de["resp_body_sha256"]
-    rooms = set()
+        assert hashlib.sha256(r.content).hexdigest() == de["resp_body_sha256"]
+    # the prefill worker gone: the decode call waiting for its room is replaced by a local
+    # prefill (the original request, no bootstrap) on a decode worker
+    p.kill()
+    d.reset()
+    r = kv.post("/v1/chat/completions", chat_body(content="sg alone"),
+                headers={"x-stub-mode": "delay:300"})
+    assert r.status_code == 200, r.text
+    assert r.headers["x-kvroute-decision"] == "pd_local_prefill"
+    assert r.headers["x-kvroute-worker"] == d.url
+    last = d.proxied()[-1]["body_json"]
+    assert "bootstrap_room" not in last and last["messages"][0]["content"] == "sg alone"
 
 
 # ============================================================================ configuration
