@@ -21,6 +21,7 @@
 #include "util/log.h"
 #include "util/oai_error.h"
 #include "util/time.h"
+#include "workers/registry.h"
 
 static char *g_token;
 
@@ -100,19 +101,27 @@ static void routes(kvr_app *app, kvr_http_req *r)
             kvr_route_worker_stats(rt, tg->worker, &st);
             json_array_append_new(
                 targets,
-                json_pack("{s:s,s:s,s:s,s:f,s:b,s:I,s:I,s:I}", "worker", tg->worker->name, "url",
-                          tg->worker->url, "model", tg->model, "weight", tg->weight, "eligible",
+                json_pack("{s:s,s:s,s:s,s:s,s:f,s:b,s:I,s:I,s:I}", "worker", tg->worker->name,
+                          "url", tg->worker->url, "role", kvr_worker_role_name(tg->worker->role),
+                          "model", tg->model, "weight", tg->weight, "eligible",
                           kvr_worker_eligible(tg->worker), "inflight",
                           (json_int_t)tg->worker->inflight, "index_blocks",
                           (json_int_t)st.index_blocks, "sessions", (json_int_t)st.sessions));
         }
         kvr_policy_stats ps;
         kvr_route_stats(rt, &ps);
-        json_array_append_new(arr, json_pack("{s:s,s:o,s:s,s:o,s:I,s:I}", "name", rt->name,
-                                             "aliases", aliases, "policy", rt->ops->name,
-                                             "targets", targets, "index_blocks",
-                                             (json_int_t)ps.index_blocks, "sessions",
-                                             (json_int_t)ps.sessions));
+        json_t *row = json_pack("{s:s,s:o,s:s,s:o,s:I,s:I}", "name", rt->name, "aliases",
+                                aliases, "policy", rt->ops->name, "targets", targets,
+                                "index_blocks", (json_int_t)ps.index_blocks, "sessions",
+                                (json_int_t)ps.sessions);
+        /* A disaggregated route's policy is its prefill side's; the decode side has its own. */
+        if (rt->pd)
+            json_object_set_new(row, "pd",
+                                json_pack("{s:s,s:s,s:s}", "mode",
+                                          kvr_pd_mode_name(rt->pd->mode),
+                                          "prefill_policy", rt->ops->name, "decode_policy",
+                                          rt->pd->decode->ops->name));
+        json_array_append_new(arr, row);
     }
     kvr_admin_reply(r, 200, json_pack("{s:I,s:o}", "generation", (json_int_t)app->generation,
                                       "routes", arr));
@@ -212,7 +221,7 @@ static json_t *pd_picks(kvr_route *rt, const kvr_pick *pf, const kvr_route_keys 
     kvr_route *dr = rt->pd->decode;
     int ok = kvr_route_pick(dr, NULL, 0, k, NULL, 0, &dp, &t) == 0;
     return json_pack("{s:s,s:{s:s,s:s?,s:s?,s:f},s:{s:s,s:s?,s:s?}}", "mode",
-                     rt->pd->mode == KVR_PD_SGLANG ? "sglang" : "vllm", "prefill", "policy",
+                     kvr_pd_mode_name(rt->pd->mode), "prefill", "policy",
                      rt->ops->name, "worker", pf->worker ? pf->worker->url : NULL, "decision",
                      pf->decision, "match", pf->match, "decode", "policy", dr->ops->name,
                      "worker", ok ? dp.worker->url : NULL, "decision", ok ? dp.decision : NULL);

@@ -103,7 +103,8 @@ static int add_route(kvr_app *app, kvr_route_table *t, const kvr_route_def *d0,
     if (prefill) {
         dd.ops = kvr_policy_find(rc->prefill_policy);
         dd.decode_ops = kvr_policy_find(rc->decode_policy);
-        dd.pd_mode = strcmp(rc->pd_mode, "sglang") == 0 ? KVR_PD_SGLANG : KVR_PD_VLLM;
+        dd.pd_mode = strcmp(rc->pd_mode, kvr_pd_mode_name(KVR_PD_SGLANG)) == 0 ? KVR_PD_SGLANG
+                                                                             : KVR_PD_VLLM;
     }
     kvr_route *prev = kvr_route_table_find(app->routes, d->name);
     if (prev && strcmp(prev->name, d->name) != 0)

@@ -86,6 +86,11 @@ static void route_free(kvr_route *r)
     free(r);
 }
 
+const char *kvr_pd_mode_name(kvr_pd_mode m)
+{
+    return m == KVR_PD_SGLANG ? "sglang" : "vllm";
+}
+
 /* A route disaggregates when its definition names a decode policy and its targets hold both
  * prefill-role workers and others. */
 static int disaggregated(const kvr_route_def *d)

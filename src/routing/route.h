@@ -40,6 +40,9 @@ typedef enum kvr_pd_mode {
                           bootstrap_port and bootstrap_room, at the same time */
 } kvr_pd_mode;
 
+/** "vllm" or "sglang", as the configuration spells them. */
+const char *kvr_pd_mode_name(kvr_pd_mode m);
+
 /** Prefill/decode disaggregation of a route (its targets include prefill-role workers and
  *  decode- or both-role ones). The route itself is the prefill side: its policy
  *  (prefill_policy) owns sessions, the prefix index, KV events and completion teaching, and

@@ -213,6 +213,11 @@ def test_completions_and_debug_route(stub, kvroute):
     assert d["pd"]["prefill"]["worker"] == ps[0].url
     assert d["pd"]["decode"]["worker"] == ds[0].url
     assert d["worker"] == ps[0].url
+    rt = httpx.get("http://127.0.0.1:%d/routes" % admin, timeout=5.0).json()["routes"][0]
+    assert rt["pd"] == {"mode": "vllm", "prefill_policy": "cache_aware",
+                        "decode_policy": "least_load"}
+    assert {t["url"]: t["role"] for t in rt["targets"]} == {ps[0].url: "prefill",
+                                                           ds[0].url: "decode"}
 
 
 def test_non_generating_endpoint_skips_prefill(stub, kvroute):
