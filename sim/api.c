@@ -9,7 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dp.h"
 #include "embed.h"
+#include "reqlog.h"
 #include "respstore.h"
 #include "routing/anthropic.h"
 #include "template.h"
@@ -27,12 +29,13 @@ struct kvr_sim_api {
     uv_loop_t *loop;
     kvr_sim_api_cfg cfg;
     char *model;
-    kvr_sim_sched *sched;
-    kvr_sim_kv *kv;
-    kvr_sim_events *events;
+    kvr_sim_engine *eng; /* the data-parallel ranks (engine.h) */
+    size_t neng;
+    kvr_sim_dp dp;
     kvr_sim_faults *faults;
+    kvr_sim_pd *pd;
+    kvr_sim_reqlog *log;
     kvr_metrics *reg;
-    kvr_sim_vmetrics *vm;
     kvr_sim_pieces *pieces;        /* NULL with --detokenize-cache-entries 0 */
     kvr_sim_resp_store *responses;
     size_t ndelayed;
@@ -57,6 +60,7 @@ typedef struct resp_extra {
  * request is released, the engine no longer knows it and its delay timer is closed. */
 typedef struct sim_req {
     kvr_sim_api *api;
+    kvr_sim_engine *eng; /* the rank serving it */
     kvr_http_req *http;
     kvr_sim_seq *seq;
     uv_timer_t timer;
@@ -71,6 +75,18 @@ typedef struct sim_req {
     long events;
     uint64_t arrival_ns, last_token_ns, gen_seed;
     resp_extra *rx; /* K_RESPONSE only */
+    /* prefill/decode (pd.h) */
+    kvr_sim_xfer_params xp;   /* what the request asked of the transfer */
+    kvr_sim_pd_part part;     /* the part this sim plays in it */
+    uint32_t *prompt;         /* prefill: the prompt, to hold its blocks at the first token */
+    int held;                 /* prefill: the hold was attempted */
+    long held_blocks;         /* prefill: blocks held (0: the parameters were dropped) */
+    kvr_buf kvparams;         /* prefill: the answer's kv_transfer_params object */
+    kvr_sim_pd_fetch *fetch;  /* decode: the transfer, then the blocks it holds */
+    int fetch_pending;        /* decode: waiting for the transfer before the engine */
+    int xfer_result;          /* decode: 0 none, 1 fetched, 2 failed (recomputed) */
+    size_t xfer_blocks;
+    json_t *log;              /* its /sim/requests entry (a reference), or NULL */
 } sim_req;
 
 /* ---- small writers ---- */
@@ -146,11 +162,12 @@ static void send_json(kvr_http_req *req, int status, const kvr_buf *b, const cha
  * timings, so a client can read what the GPU would show whatever the time scale:
  * x-sim-model-ttft-ms (arrival to first token), x-sim-model-e2e-ms (arrival to the last
  * token) and x-sim-preemptions. */
-static void send_finished_json(kvr_sim_api *api, kvr_http_req *req, const kvr_buf *b,
-                               const char *xrid, const kvr_sim_seq_info *in)
+static void send_finished_json(sim_req *r, const kvr_buf *b, const kvr_sim_seq_info *in)
 {
+    kvr_http_req *req = r->http;
+    const char *xrid = r->xrid;
     char ttft[32], e2e[32], pre[16];
-    double now = kvr_sim_sched_model_us(api->sched);
+    double now = kvr_sim_sched_model_us(r->eng->sched);
     snprintf(ttft, sizeof(ttft), "%.3f", (in->first_token_model_us - in->arrival_model_us) / 1e3);
     snprintf(e2e, sizeof(e2e), "%.3f", (now - in->arrival_model_us) / 1e3);
     snprintf(pre, sizeof(pre), "%u", (unsigned)in->preemptions);
@@ -193,10 +210,24 @@ static void free_rx(resp_extra *x)
     free(x);
 }
 
+/* Ends the transfer side of a request: a pending fetch is cancelled, fetched blocks held for
+ * it are released. */
+static void end_fetch(sim_req *r)
+{
+    kvr_sim_pd_fetch_end(r->fetch);
+    r->fetch = NULL;
+    r->fetch_pending = 0;
+}
+
 static void maybe_free(sim_req *r)
 {
-    if (r->http || r->seq || r->timer_open || r->in_cb)
+    if (r->http || r->seq || r->timer_open || r->in_cb || r->fetch_pending)
         return;
+    end_fetch(r);
+    kvr_sim_xfer_params_free(&r->xp);
+    free(r->prompt);
+    kvr_buf_free(&r->kvparams);
+    json_decref(r->log);
     free(r->tokens);
     free(r->xrid);
     kvr_buf_free(&r->text);
@@ -207,7 +238,7 @@ static void maybe_free(sim_req *r)
 static void abort_seq(sim_req *r)
 {
     if (r->seq) {
-        kvr_sim_sched_abort(r->api->sched, r->seq);
+        kvr_sim_sched_abort(r->eng->sched, r->seq);
         r->seq = NULL;
     }
 }
@@ -234,6 +265,8 @@ static void stop_timer(sim_req *r)
 static void on_client_gone(void *ud)
 {
     sim_req *r = ud;
+    if (r->fetch_pending)
+        end_fetch(r);
     abort_seq(r);
     stop_timer(r);
     if (r->http) {
@@ -374,11 +407,16 @@ static void finish_json(sim_req *r, const kvr_sim_seq_info *in)
         kvr_buf_puts(b, ",\"logprobs\":null,\"finish_reason\":\"length\",\"stop_reason\":null,"
                         "\"prompt_logprobs\":null}],");
     }
+    if (r->kvparams.len) { /* top level of the completion, as vLLM's prefill answers */
+        kvr_buf_puts(b, "\"kv_transfer_params\":");
+        kvr_buf_append(b, r->kvparams.data, r->kvparams.len);
+        kvr_buf_puts(b, ",");
+    }
     put_usage(b, in->prompt_tokens, in->output_tokens, in->cached_tokens);
     if (kvr_buf_puts(b, "}") < 0) {
         send_error(r->http, 500, "response too large", NULL);
     } else {
-        send_finished_json(r->api, r->http, b, r->xrid, in);
+        send_finished_json(r, b, in);
     }
     r->http = NULL;
 }
@@ -536,7 +574,7 @@ static void resp_finish_json(sim_req *r, const kvr_sim_seq_info *in)
     if (put_response(r, b, in) < 0)
         send_error(r->http, 500, "response too large", NULL);
     else
-        send_finished_json(r->api, r->http, b, r->xrid, in);
+        send_finished_json(r, b, in);
     r->http = NULL;
 }
 
@@ -634,7 +672,7 @@ static void msg_finish_json(sim_req *r, const kvr_sim_seq_info *in)
     if (put_message(r, b, in, 1) < 0)
         send_error(r->http, 500, "response too large", NULL);
     else
-        send_finished_json(r->api, r->http, b, r->xrid, in);
+        send_finished_json(r, b, in);
     r->http = NULL;
 }
 
@@ -660,23 +698,40 @@ static void store_response(sim_req *r, const kvr_sim_seq_info *in)
 
 static void token_metrics(sim_req *r, kvr_sim_seq *seq, size_t idx)
 {
-    kvr_sim_api *api = r->api;
     uint64_t now = kvr_now_ns();
     if (idx == 0) {
         const kvr_sim_seq_info *in = kvr_sim_seq_get_info(seq);
         uint64_t adm = in->admitted_ns ? in->admitted_ns : now;
-        kvr_sim_vmetrics_first_token(api->vm, (double)(now - r->arrival_ns) / 1e9,
+        kvr_sim_vmetrics_first_token(r->eng->vm, (double)(now - r->arrival_ns) / 1e9,
                                      (double)(adm - in->arrival_ns) / 1e9, in->prompt_tokens);
     } else {
-        kvr_sim_vmetrics_token(api->vm, (double)(now - r->last_token_ns) / 1e9);
+        kvr_sim_vmetrics_token(r->eng->vm, (double)(now - r->last_token_ns) / 1e9);
     }
     r->last_token_ns = now;
+}
+
+/* Prefill side: the prompt is computed (first token), so its blocks are held for the decode. */
+static void hold_prompt(sim_req *r)
+{
+    r->held = 1;
+    r->held_blocks = kvr_sim_pd_hold(r->api->pd, &r->xp, r->id, r->eng, r->prompt, r->ntok,
+                                     &r->kvparams);
+    free(r->prompt);
+    r->prompt = NULL;
+    if (r->log)
+        json_object_set_new(r->log, "kv_transfer",
+                            json_pack("{s:s,s:I,s:b}", "role", "prefill", "held_blocks",
+                                      (json_int_t)(r->held_blocks > 0 ? r->held_blocks : 0),
+                                      "params_dropped", r->held_blocks == 0 && !r->kvparams.len &&
+                                                            r->xp.do_remote_decode));
 }
 
 static void on_token(void *ud, kvr_sim_seq *seq, uint32_t id, size_t idx, int last)
 {
     sim_req *r = ud;
     token_metrics(r, seq, idx);
+    if (idx == 0 && r->part == KVR_SIM_PD_PREFILL && !r->held)
+        hold_prompt(r);
     resp_extra *x = r->rx;
     if (x && x->conv && x->nconv < x->conv_cap - 1) /* the last slot is for <|eot_id|> */
         x->conv[x->nconv++] = id;
@@ -700,12 +755,15 @@ static void on_token(void *ud, kvr_sim_seq *seq, uint32_t id, size_t idx, int la
     maybe_free(r); /* a drop fault released everything */
 }
 
+static void log_finished(sim_req *r, const kvr_sim_seq_info *in);
+
 static void on_finish(void *ud, kvr_sim_seq *seq)
 {
     sim_req *r = ud;
     const kvr_sim_seq_info *in = kvr_sim_seq_get_info(seq);
     r->seq = NULL; /* freed by the engine when this returns */
-    kvr_sim_vmetrics_finished(r->api->vm, (double)(kvr_now_ns() - r->arrival_ns) / 1e9);
+    kvr_sim_vmetrics_finished(r->eng->vm, (double)(kvr_now_ns() - r->arrival_ns) / 1e9);
+    log_finished(r, in);
     if (r->rx)
         store_response(r, in);
     r->in_cb = 1;
@@ -729,6 +787,30 @@ static void on_finish(void *ud, kvr_sim_seq *seq)
 
 static const kvr_sim_seq_cbs seq_cbs = {on_token, on_finish};
 
+/* The usage into the request's /sim/requests entry, and for a prefill/decode request one log
+ * line saying what the transfer did and what was cached. */
+static void log_finished(sim_req *r, const kvr_sim_seq_info *in)
+{
+    if (r->log)
+        json_object_set_new(r->log, "usage",
+                            json_pack("{s:I,s:I,s:I}", "prompt_tokens",
+                                      (json_int_t)in->prompt_tokens, "completion_tokens",
+                                      (json_int_t)in->output_tokens, "cached_tokens",
+                                      (json_int_t)in->cached_tokens));
+    if (r->part == KVR_SIM_PD_NONE)
+        return;
+    static const char *const xr[] = {"none", "fetched", "failed"};
+    KVR_INFO("msg=\"request finished\" id=%s request_id=\"%s\" rank=%d pd=%s kv_transfer=%s "
+             "kv_blocks=%zu recomputed=%s prompt_tokens=%zu cached_tokens=%zu",
+             r->id, r->xrid ? r->xrid : "", r->eng->rank,
+             r->part == KVR_SIM_PD_PREFILL ? "prefill" : "decode",
+             r->part == KVR_SIM_PD_PREFILL ? (r->held_blocks > 0 ? "held" : "none")
+                                           : xr[r->xfer_result],
+             r->part == KVR_SIM_PD_PREFILL ? (size_t)(r->held_blocks > 0 ? r->held_blocks : 0)
+                                           : r->xfer_blocks,
+             r->xfer_result == 2 ? "true" : "false", in->prompt_tokens, in->cached_tokens);
+}
+
 /* ---- admission ---- */
 
 static void start_sse(sim_req *r)
@@ -741,6 +823,29 @@ static void start_sse(sim_req *r)
     kvr_http_resp_start(r->http, 200, h, r->xrid ? 3 : 2, -1);
     if (r->kind == K_RESPONSE)
         resp_stream_start(r);
+}
+
+static void submit(sim_req *r);
+
+/* Decode side: the transfer ended (pd.h); the request goes to the engine either way, with the
+ * fetched blocks cached or to recompute them. */
+static void on_xfer_done(void *ud, const kvr_sim_pd_result *res)
+{
+    sim_req *r = ud;
+    r->fetch_pending = 0;
+    r->xfer_result = res->fetched ? 1 : 2;
+    r->xfer_blocks = res->blocks;
+    if (r->log)
+        json_object_set_new(r->log, "kv_transfer",
+                            json_pack("{s:s,s:s,s:I,s:s?,s:b}", "role", "decode", "result",
+                                      res->fetched ? "fetched" : "failed", "blocks",
+                                      (json_int_t)res->blocks, "reason", res->reason,
+                                      "recomputed", !res->fetched));
+    if (!r->http) { /* cannot happen: a client that leaves cancels the transfer */
+        maybe_free(r);
+        return;
+    }
+    submit(r);
 }
 
 static void admit(sim_req *r)
@@ -767,9 +872,28 @@ static void admit(sim_req *r)
     } else if (f->stall_after_events == 0) {
         r->stalled = 1; /* generate, but never answer */
     }
+    if (r->part == KVR_SIM_PD_DECODE) {
+        r->fetch = kvr_sim_pd_fetch_start(api->pd, &r->xp, r->xrid ? r->xrid : r->id, r->eng,
+                                          r->tokens, r->ntok, on_xfer_done, r);
+        if (r->fetch) {
+            r->fetch_pending = 1;
+            return; /* on_xfer_done submits */
+        }
+        r->xfer_result = 2; /* out of memory: recompute */
+    }
+    submit(r);
+}
+
+/* Hands the prompt to the engine. */
+static void submit(sim_req *r)
+{
+    if (r->part == KVR_SIM_PD_PREFILL && !(r->prompt = malloc(r->ntok * sizeof(uint32_t))))
+        r->part = KVR_SIM_PD_NONE; /* out of memory: a plain request */
+    if (r->prompt)
+        memcpy(r->prompt, r->tokens, r->ntok * sizeof(uint32_t));
     uint32_t *t = r->tokens;
     r->tokens = NULL;
-    r->seq = kvr_sim_sched_submit(api->sched, t, r->ntok, r->max_tokens, &seq_cbs, r);
+    r->seq = kvr_sim_sched_submit(r->eng->sched, t, r->ntok, r->max_tokens, &seq_cbs, r);
     if (!r->seq) {
         if (r->stream) {
             drop(r);
@@ -931,8 +1055,8 @@ static int render_status(kvr_http_req *req, int rc, const kvr_sim_toks *toks, co
 
 /* The engine's limits for a prompt of `p` tokens plus `max_tokens`: vLLM's context-length
  * 400, a request the pool can never hold, a full queue. Returns 0 or -1 (error sent). */
-static int check_limits(kvr_sim_api *api, kvr_http_req *req, size_t p, size_t max_tokens,
-                        const char *param)
+static int check_limits(kvr_sim_api *api, const kvr_sim_engine *e, kvr_http_req *req, size_t p,
+                        size_t max_tokens, const char *param)
 {
     char msg[400];
     if (p + max_tokens > api->cfg.max_model_len || p + max_tokens < p) {
@@ -944,16 +1068,16 @@ static int check_limits(kvr_sim_api *api, kvr_http_req *req, size_t p, size_t ma
         send_error(req, 400, msg, param);
         return -1;
     }
-    if (!kvr_sim_sched_fits(api->sched, p + max_tokens)) {
+    if (!kvr_sim_sched_fits(e->sched, p + max_tokens)) {
         snprintf(msg, sizeof(msg),
                  "the request needs %zu tokens of KV cache but the cache holds only %zu "
                  "(--kv-blocks × --block-size)",
                  p + max_tokens,
-                 (size_t)kvr_sim_kv_num_blocks(api->kv) * kvr_sim_kv_block_size(api->kv));
+                 (size_t)kvr_sim_kv_num_blocks(e->kv) * kvr_sim_kv_block_size(e->kv));
         send_error(req, 400, msg, "max_tokens");
         return -1;
     }
-    if (kvr_sim_sched_num_waiting(api->sched) + api->ndelayed >= api->cfg.max_waiting) {
+    if (kvr_sim_sched_num_waiting(e->sched) + api->ndelayed >= api->cfg.max_waiting) {
         kvr_http_header ra = {"Retry-After", 11, "1", 1};
         send_error_ex(req, 503, "too many requests waiting (--max-waiting)", NULL, NULL, &ra, 1);
         return -1;
@@ -972,10 +1096,24 @@ static void make_id(kvr_sim_api *api, const char *prefix, char *out, size_t cap)
              (unsigned long long)api->next_id);
 }
 
+/* The request's /sim/requests entry (reqlog.h); NULL when the log is off. */
+static json_t *log_entry(kvr_sim_api *api, const sim_req *r)
+{
+    if (!api->cfg.request_log_size)
+        return NULL;
+    const char *dp = kvr_http_req_header(r->http, KVR_SIM_DP_HEADER);
+    json_t *e = json_pack("{s:s,s:s?,s:s?,s:i,s:I,s:b,s:I}", "path", kvr_http_req_path(r->http),
+                          "request_id", r->xrid, "x_data_parallel_rank", dp, "rank",
+                          r->eng->rank, "max_tokens", (json_int_t)r->max_tokens, "stream",
+                          r->stream, "prompt_tokens", (json_int_t)r->ntok);
+    kvr_sim_reqlog_add(api->log, e);
+    return e;
+}
+
 /* A request holding the prompt taken from `toks` (with room for the output, as the engine
  * wants). NULL after sending a 503. */
-static sim_req *new_req(kvr_sim_api *api, kvr_http_req *req, kvr_sim_toks *toks,
-                        size_t max_tokens, int kind, int stream)
+static sim_req *new_req(kvr_sim_api *api, kvr_sim_engine *e, kvr_http_req *req,
+                        kvr_sim_toks *toks, size_t max_tokens, int kind, int stream)
 {
     size_t p = toks->total;
     sim_req *r = calloc(1, sizeof(*r));
@@ -989,6 +1127,7 @@ static sim_req *new_req(kvr_sim_api *api, kvr_http_req *req, kvr_sim_toks *toks,
         return NULL;
     }
     r->api = api;
+    r->eng = e;
     r->http = req;
     r->tokens = t2;
     r->ntok = p;
@@ -1001,9 +1140,11 @@ static sim_req *new_req(kvr_sim_api *api, kvr_http_req *req, kvr_sim_toks *toks,
     r->arrival_ns = kvr_now_ns();
     r->created = kvr_unix_time();
     kvr_buf_init(&r->text, 0);
+    kvr_buf_init(&r->kvparams, 0);
     if (kind != K_RESPONSE)
         make_id(api, kind == K_CHAT ? "chatcmpl-" : kind == K_MESSAGE ? "msg_" : "cmpl-", r->id,
                 sizeof(r->id));
+    r->log = log_entry(api, r);
     return r;
 }
 
@@ -1013,32 +1154,68 @@ static void init_toks(kvr_sim_api *api, kvr_sim_toks *toks)
     toks->seen = api->pieces;
 }
 
+/* The rank serving a generation request (dp.h), or NULL after a 400. */
+static kvr_sim_engine *pick_engine(kvr_sim_api *api, kvr_http_req *req)
+{
+    char msg[200];
+    long r = kvr_sim_dp_pick(&api->dp, kvr_http_req_header(req, KVR_SIM_DP_HEADER), msg,
+                             sizeof(msg));
+    if (r < 0) {
+        send_error(req, 400, msg, NULL);
+        return NULL;
+    }
+    return &api->eng[r];
+}
+
 /* ---- /v1/chat/completions, /v1/completions ---- */
 
 static void completions(kvr_sim_api *api, kvr_http_req *req, int kind)
 {
-    json_t *j = parse_body(req);
+    kvr_sim_engine *e = pick_engine(api, req);
+    json_t *j = e ? parse_body(req) : NULL;
     if (!j)
         return;
     int stream;
     size_t max_tokens;
     kvr_sim_toks toks;
     init_toks(api, &toks);
+    kvr_sim_xfer_params xp = {0};
+    char xerr[200];
+    const char *xparam;
     if (read_gen_fields(api, req, j, kind, &stream, &max_tokens) < 0)
         goto out;
+    if (kvr_sim_xfer_read_params(j, api->cfg.max_model_len, &xp, xerr, sizeof(xerr), &xparam) <
+        0) {
+        send_error(req, 400, xerr, xparam);
+        goto out;
+    }
     const char *err = NULL, *param = kind == K_CHAT ? NULL : "prompt";
     int rc = kind == K_CHAT ? render_chat_req(j, &toks, &err, &param)
                             : kvr_sim_render_completion(&toks, json_object_get(j, "prompt"), &err);
     if (render_status(req, rc, &toks, err, param) < 0 ||
-        check_limits(api, req, toks.total, max_tokens, "messages") < 0)
+        check_limits(api, e, req, toks.total, max_tokens, "messages") < 0)
         goto out;
-    sim_req *r = new_req(api, req, &toks, max_tokens, kind, stream);
+    sim_req *r = new_req(api, e, req, &toks, max_tokens, kind, stream);
     if (r) {
         r->include_usage = json_is_true(
             json_object_get(json_object_get(j, "stream_options"), "include_usage"));
+        r->xp = xp;
+        xp.remote_block_ids = NULL;
+        r->part = kvr_sim_pd_part_of(api->pd, &r->xp);
+        if (r->log) {
+            static const char *const keys[] = {"kv_transfer_params", "bootstrap_room",
+                                               "bootstrap_host", "bootstrap_port"};
+            static const char *const parts[] = {"none", "prefill", "decode"};
+            for (size_t i = 0; i < 4; i++) {
+                json_t *v = json_object_get(j, keys[i]);
+                json_object_set(r->log, keys[i], v ? v : json_null());
+            }
+            json_object_set_new(r->log, "pd", json_string(parts[r->part]));
+        }
         start_req(r);
     }
 out:
+    kvr_sim_xfer_params_free(&xp);
     kvr_sim_toks_free(&toks);
     json_decref(j);
 }
@@ -1227,7 +1404,8 @@ static int resp_keep_conv(kvr_sim_api *api, kvr_http_req *req, resp_extra *x,
 
 static void responses(kvr_sim_api *api, kvr_http_req *req)
 {
-    json_t *j = parse_body(req);
+    kvr_sim_engine *e = pick_engine(api, req);
+    json_t *j = e ? parse_body(req) : NULL;
     if (!j)
         return;
     int stream;
@@ -1237,10 +1415,10 @@ static void responses(kvr_sim_api *api, kvr_http_req *req)
     init_toks(api, &toks);
     if (read_gen_fields(api, req, j, K_RESPONSE, &stream, &max_tokens) < 0 ||
         !(x = resp_fields(req, j)) || resp_render(api, req, j, x, &toks, &start) < 0 ||
-        check_limits(api, req, toks.total, max_tokens, "input") < 0 ||
+        check_limits(api, e, req, toks.total, max_tokens, "input") < 0 ||
         resp_keep_conv(api, req, x, &toks, start, max_tokens) < 0)
         goto out;
-    sim_req *r = new_req(api, req, &toks, max_tokens, K_RESPONSE, stream);
+    sim_req *r = new_req(api, e, req, &toks, max_tokens, K_RESPONSE, stream);
     if (r) {
         r->rx = x;
         x = NULL;
@@ -1285,7 +1463,8 @@ static int render_messages_req(const json_t *j, kvr_sim_toks *toks, const char *
 
 static void messages(kvr_sim_api *api, kvr_http_req *req)
 {
-    json_t *j = parse_body(req);
+    kvr_sim_engine *e = pick_engine(api, req);
+    json_t *j = e ? parse_body(req) : NULL;
     if (!j)
         return;
     int stream;
@@ -1297,9 +1476,9 @@ static void messages(kvr_sim_api *api, kvr_http_req *req)
         goto out;
     int rc = render_messages_req(j, &toks, &err, &param);
     if (render_status(req, rc, &toks, err, param) < 0 ||
-        check_limits(api, req, toks.total, max_tokens, "messages") < 0)
+        check_limits(api, e, req, toks.total, max_tokens, "messages") < 0)
         goto out;
-    sim_req *r = new_req(api, req, &toks, max_tokens, K_MESSAGE, stream);
+    sim_req *r = new_req(api, e, req, &toks, max_tokens, K_MESSAGE, stream);
     if (r)
         start_req(r);
 out:
@@ -1643,16 +1822,29 @@ static void health(kvr_sim_api *api, kvr_http_req *req)
         send_error(req, st, "unhealthy (kvroute-sim --health-status)", NULL);
 }
 
+/* Every rank's events out at once (reset and evict answer after their events are sent). */
+static void flush_all(kvr_sim_api *api)
+{
+    for (size_t i = 0; i < api->neng; i++)
+        if (api->eng[i].events)
+            kvr_sim_events_flush_rank(api->eng[i].events, api->eng[i].ev_idx);
+}
+
+/* Resets every rank, as vLLM's reset_prefix_cache reaches every engine core; refused unless
+ * all of them can (nothing in use anywhere), so the ranks never disagree. */
 static void reset_cache(kvr_sim_api *api, kvr_http_req *req)
 {
-    if (kvr_sim_kv_reset(api->kv) < 0) {
-        send_error(req, 409,
-                   "cannot reset the prefix cache while requests hold blocks (vLLM refuses too)",
-                   NULL);
-        return;
-    }
-    if (api->events)
-        kvr_sim_events_flush(api->events); /* AllBlocksCleared goes out at once */
+    for (size_t i = 0; i < api->neng; i++)
+        if (kvr_sim_kv_num_used(api->eng[i].kv) > 0) {
+            send_error(req, 409,
+                       "cannot reset the prefix cache while requests hold blocks (vLLM refuses "
+                       "too)",
+                       NULL);
+            return;
+        }
+    for (size_t i = 0; i < api->neng; i++)
+        kvr_sim_kv_reset(api->eng[i].kv);
+    flush_all(api); /* AllBlocksCleared goes out at once */
     kvr_buf *b = &api->scratch;
     kvr_buf_reset(b);
     kvr_buf_puts(b, "{\"status\":\"ok\"}");
@@ -1661,9 +1853,10 @@ static void reset_cache(kvr_sim_api *api, kvr_http_req *req)
 
 static void evict_cache(kvr_sim_api *api, kvr_http_req *req)
 {
-    size_t n = kvr_sim_kv_evict_free(api->kv);
-    if (api->events)
-        kvr_sim_events_flush(api->events); /* the BlockRemoved go out at once */
+    size_t n = 0;
+    for (size_t i = 0; i < api->neng; i++)
+        n += kvr_sim_kv_evict_free(api->eng[i].kv);
+    flush_all(api); /* the BlockRemoved go out at once */
     kvr_buf *b = &api->scratch;
     kvr_buf_reset(b);
     kvr_buf_puts(b, "{\"evicted\":");
@@ -1705,39 +1898,76 @@ static void faults(kvr_sim_api *api, kvr_http_req *req, int post)
  * prefixes stands in for the share of LMCache's store in use. */
 static void lmcache_status(kvr_sim_api *api, kvr_http_req *req)
 {
-    double occ = (double)kvr_sim_kv_num_cached(api->kv) / (double)kvr_sim_kv_num_blocks(api->kv);
+    double cached = 0, total = 0;
+    for (size_t i = 0; i < api->neng; i++) {
+        cached += kvr_sim_kv_num_cached(api->eng[i].kv);
+        total += kvr_sim_kv_num_blocks(api->eng[i].kv);
+    }
+    double occ = cached / total;
     reply_json(req, 200, json_pack("{s:f,s:b}", "occupancy", occ > 1 ? 1.0 : occ,
                                    "cache_available", 1));
 }
 
-static void stats(kvr_sim_api *api, kvr_http_req *req)
+/* One rank's engine counters; the publisher's only on the rank that owns it (with shared
+ * KV events, rank 0), so that sums over ranks count each publisher once. */
+static json_t *rank_stats(const kvr_sim_engine *e)
 {
-    const kvr_sim_events *ev = api->events;
+    const kvr_sim_events *ev = e->owns_events ? e->events : NULL;
     json_t *j = json_pack(
-        "{s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:f}", "model", api->model,
-        "running", (json_int_t)kvr_sim_sched_num_running(api->sched), "waiting",
-        (json_int_t)kvr_sim_sched_num_waiting(api->sched), "delayed", (json_int_t)api->ndelayed,
-        "block_size", (json_int_t)kvr_sim_kv_block_size(api->kv), "kv_blocks",
-        (json_int_t)kvr_sim_kv_num_blocks(api->kv), "kv_blocks_used",
-        (json_int_t)kvr_sim_kv_num_used(api->kv), "kv_blocks_cached",
-        (json_int_t)kvr_sim_kv_num_cached(api->kv), "evictions",
-        (json_int_t)kvr_sim_kv_evictions(api->kv), "prefix_cache_queries",
-        (json_int_t)kvr_sim_sched_cache_queries(api->sched), "prefix_cache_hits",
-        (json_int_t)kvr_sim_sched_cache_hits(api->sched), "preemptions",
-        (json_int_t)kvr_sim_sched_preemptions(api->sched), "steps",
-        (json_int_t)kvr_sim_sched_steps(api->sched), "kv_events_next_seq",
+        "{s:i,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:f}", "rank", e->rank,
+        "running", (json_int_t)kvr_sim_sched_num_running(e->sched), "waiting",
+        (json_int_t)kvr_sim_sched_num_waiting(e->sched), "kv_blocks",
+        (json_int_t)kvr_sim_kv_num_blocks(e->kv), "kv_blocks_used",
+        (json_int_t)kvr_sim_kv_num_used(e->kv), "kv_blocks_cached",
+        (json_int_t)kvr_sim_kv_num_cached(e->kv), "evictions",
+        (json_int_t)kvr_sim_kv_evictions(e->kv), "prefix_cache_queries",
+        (json_int_t)kvr_sim_sched_cache_queries(e->sched), "prefix_cache_hits",
+        (json_int_t)kvr_sim_sched_cache_hits(e->sched), "preemptions",
+        (json_int_t)kvr_sim_sched_preemptions(e->sched), "steps",
+        (json_int_t)kvr_sim_sched_steps(e->sched), "kv_events_next_seq",
         (json_int_t)(ev ? kvr_sim_events_next_seq(ev) : 0), "kv_events_dropped",
         (json_int_t)(ev ? kvr_sim_events_dropped(ev) : 0), "model_us",
-        kvr_sim_sched_model_us(api->sched));
+        kvr_sim_sched_model_us(e->sched));
     json_object_set_new(j, "kv_event_batches_dropped",
                         json_integer(ev ? (json_int_t)kvr_sim_events_batches_dropped(ev) : 0));
     json_object_set_new(j, "kv_events_replays_ignored",
                         json_integer(ev ? (json_int_t)kvr_sim_events_replays_ignored(ev) : 0));
+    return j;
+}
+
+/* GET /sim/stats: the counters summed over the ranks (model_us: the furthest clock), and
+ * each rank's own under "ranks". */
+static void stats(kvr_sim_api *api, kvr_http_req *req)
+{
+    json_t *j = json_pack("{s:s,s:I,s:I,s:I}", "model", api->model, "delayed",
+                          (json_int_t)api->ndelayed, "block_size",
+                          (json_int_t)kvr_sim_kv_block_size(api->eng[0].kv),
+                          "data_parallel_size", (json_int_t)api->neng);
+    json_t *ranks = json_array();
+    for (size_t i = 0; i < api->neng; i++) {
+        json_t *r = rank_stats(&api->eng[i]);
+        const char *k;
+        json_t *v;
+        json_object_foreach(r, k, v) {
+            if (strcmp(k, "rank") == 0)
+                continue;
+            json_t *sum = json_object_get(j, k);
+            if (json_is_real(v))
+                json_object_set_new(j, k, json_real(sum && json_real_value(sum) > json_real_value(v)
+                                                        ? json_real_value(sum)
+                                                        : json_real_value(v)));
+            else
+                json_object_set_new(j, k, json_integer((sum ? json_integer_value(sum) : 0) +
+                                                       json_integer_value(v)));
+        }
+        json_array_append_new(ranks, r);
+    }
+    json_object_set_new(j, "ranks", ranks);
     json_object_set_new(j, "stored_responses",
                         json_integer((json_int_t)kvr_sim_resp_store_count(api->responses)));
     json_object_set_new(j, "detokenize_pieces",
                         json_integer((json_int_t)kvr_sim_pieces_count(api->pieces)));
-    const kvr_sim_sched_cfg *sc = kvr_sim_sched_get_cfg(api->sched);
+    const kvr_sim_sched_cfg *sc = kvr_sim_sched_get_cfg(api->eng[0].sched);
     json_object_set_new(
         j, "engine",
         json_pack("{s:s?,s:I,s:I,s:I,s:f,s:f,s:f,s:f,s:f}", "profile", api->cfg.profile,
@@ -1748,6 +1978,17 @@ static void stats(kvr_sim_api *api, kvr_http_req *req)
                   sc->decode_us_per_token, "decode_us_per_kv_token", sc->decode_us_per_kv_token,
                   "time_scale", sc->time_scale));
     reply_json(req, 200, j);
+}
+
+/* GET /sim/requests: the request log (reqlog.h), oldest first; POST clears it. */
+static void requests_log(kvr_sim_api *api, kvr_http_req *req, int post)
+{
+    if (post) {
+        kvr_sim_reqlog_clear(api->log);
+        reply_json(req, 200, json_array());
+        return;
+    }
+    reply_json(req, 200, kvr_sim_reqlog_list(api->log));
 }
 
 /* ---- dispatch ---- */
@@ -1770,7 +2011,8 @@ static int method_ok(kvr_http_req *req, methods m, int *is_post)
 
 enum {
     R_CHAT, R_COMPLETIONS, R_RESPONSES, R_MESSAGES, R_COUNT_TOKENS, R_EMBEDDINGS, R_TOKENIZE,
-    R_DETOKENIZE, R_MODELS, R_HEALTH, R_METRICS, R_RESET, R_EVICT, R_FAULTS, R_LMCACHE, R_STATS
+    R_DETOKENIZE, R_MODELS, R_HEALTH, R_METRICS, R_RESET, R_EVICT, R_FAULTS, R_LMCACHE, R_STATS,
+    R_REQUESTS
 };
 
 static const struct route {
@@ -1795,6 +2037,7 @@ static const struct route {
     {"/sim/faults", GET_POST, R_FAULTS},
     {"/sim/stats", GET_ONLY, R_STATS},
     {"/lmcache/status", GET_ONLY, R_LMCACHE},
+    {"/sim/requests", GET_POST, R_REQUESTS},
 };
 
 static void serve(kvr_sim_api *api, kvr_http_req *req, int id, int post)
@@ -1815,6 +2058,7 @@ static void serve(kvr_sim_api *api, kvr_http_req *req, int id, int post)
     case R_EVICT: evict_cache(api, req); break;
     case R_FAULTS: faults(api, req, post); break;
     case R_LMCACHE: lmcache_status(api, req); break;
+    case R_REQUESTS: requests_log(api, req, post); break;
     default: stats(api, req); break;
     }
 }
@@ -1835,12 +2079,22 @@ void kvr_sim_api_handle(kvr_http_req *req, void *ud)
         stored_response(api, req, path + 14);
         return;
     }
+    static const char *const xfer[] = {"/sim/kv_transfer/", "/sim/bootstrap/"};
+    for (int i = 0; i < 2; i++) {
+        size_t n = strlen(xfer[i]);
+        if (strncmp(path, xfer[i], n) == 0 && path[n] && !strchr(path + n, '/')) {
+            int post;
+            if (method_ok(req, GET_ONLY, &post))
+                kvr_sim_pd_serve(api->pd, req, path + n, i);
+            return;
+        }
+    }
     send_error(req, 404, "not found", NULL);
 }
 
-kvr_sim_api *kvr_sim_api_new(uv_loop_t *loop, const kvr_sim_api_cfg *cfg, kvr_sim_sched *sched,
-                             kvr_sim_kv *kv, kvr_sim_events *events, kvr_sim_faults *faults,
-                             kvr_metrics *reg, kvr_sim_vmetrics *vm)
+kvr_sim_api *kvr_sim_api_new(uv_loop_t *loop, const kvr_sim_api_cfg *cfg, kvr_sim_engine *eng,
+                             size_t neng, kvr_sim_pd *pd, kvr_sim_faults *faults,
+                             kvr_metrics *reg)
 {
     kvr_sim_api *api = calloc(1, sizeof(*api));
     if (!api)
@@ -1848,19 +2102,21 @@ kvr_sim_api *kvr_sim_api_new(uv_loop_t *loop, const kvr_sim_api_cfg *cfg, kvr_si
     api->model = strdup(cfg->model);
     api->pieces = kvr_sim_pieces_new(cfg->detokenize_cache_entries);
     api->responses = kvr_sim_resp_store_new(cfg->max_stored_responses, cfg->seed);
-    if (!api->model || !api->responses || (cfg->detokenize_cache_entries && !api->pieces)) {
+    api->log = kvr_sim_reqlog_new(cfg->request_log_size);
+    if (!api->model || !api->responses || !api->log ||
+        (cfg->detokenize_cache_entries && !api->pieces)) {
         kvr_sim_api_free(api);
         return NULL;
     }
     api->loop = loop;
     api->cfg = *cfg;
     api->cfg.model = api->model;
-    api->sched = sched;
-    api->kv = kv;
-    api->events = events;
+    api->eng = eng;
+    api->neng = neng;
+    api->dp.nranks = neng;
+    api->pd = pd;
     api->faults = faults;
     api->reg = reg;
-    api->vm = vm;
     kvr_buf_init(&api->scratch, 64u << 20);
     return api;
 }
@@ -1877,6 +2133,7 @@ void kvr_sim_api_free(kvr_sim_api *api)
     kvr_buf_free(&api->scratch);
     kvr_sim_pieces_free(api->pieces);
     kvr_sim_resp_store_free(api->responses);
+    kvr_sim_reqlog_free(api->log);
     free(api->model);
     free(api);
 }

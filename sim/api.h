@@ -21,7 +21,17 @@
  *   POST /sim/reset_prefix_cache (also vLLM's /reset_prefix_cache): AllBlocksCleared, or 409
  *        while blocks are in use (vLLM refuses then)
  *   POST /sim/evict: evicts every free cached block now (one BlockRemoved each) → {evicted}
- *   GET|POST /sim/faults (faults.h), GET /sim/stats (engine counters as JSON)
+ *   GET /sim/requests: the last --request-log-size generation requests received (reqlog.h),
+ *        POST /sim/requests clears them
+ *   GET /sim/kv_transfer/{remote_request_id}, GET /sim/bootstrap/{room}: a prefill's held KV
+ *        for a decode (pd.h); chat and completions read kv_transfer_params and the bootstrap
+ *        fields (kvxfer.h) and play the prefill or decode part --role gives them
+ *   GET|POST /sim/faults (faults.h), GET /sim/stats (engine counters as JSON: summed over
+ *        the data-parallel ranks, each rank's own under "ranks")
+ *
+ * Data parallelism (--data-parallel-size N, engine.h): a generation request names its rank
+ * with `X-data-parallel-rank: r` (an integer in [0, N), else 400), or gets the next one in
+ * round robin; reset and evict act on every rank.
  *
  * Errors use the OpenAI shape (util/oai_error.h; Anthropic's on the /v1/messages paths): 400
  * bad JSON/fields/too long, 404 unknown model, path or previous_response_id, 405 wrong method,
@@ -34,12 +44,10 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "engine.h"
 #include "faults.h"
 #include "http/server.h"
-#include "kvcache.h"
-#include "kvevents.h"
-#include "scheduler.h"
-#include "vmetrics.h"
+#include "pd.h"
 
 /** Settings of the API layer (flags). Strings are copied. */
 typedef struct kvr_sim_api_cfg {
@@ -51,15 +59,17 @@ typedef struct kvr_sim_api_cfg {
     size_t detokenize_cache_entries; /**< pieces remembered for /detokenize (0 = none) */
     size_t max_stored_responses;     /**< /v1/responses kept for previous_response_id */
     const char *profile;             /**< timing profile name for /sim/stats (NULL = none) */
+    size_t request_log_size;         /**< entries GET /sim/requests keeps (0 = none) */
 } kvr_sim_api_cfg;
 
 typedef struct kvr_sim_api kvr_sim_api;
 
-/** Wires the endpoints to the engine. None of the pointers is owned; `events` may be NULL
- *  (no KV events). NULL on OOM. */
-kvr_sim_api *kvr_sim_api_new(uv_loop_t *loop, const kvr_sim_api_cfg *cfg, kvr_sim_sched *sched,
-                             kvr_sim_kv *kv, kvr_sim_events *events, kvr_sim_faults *faults,
-                             kvr_metrics *reg, kvr_sim_vmetrics *vm);
+/** Wires the endpoints to the `neng` (>= 1) engine ranks (engine.h); a generation request
+ *  goes to the rank its X-data-parallel-rank header names (dp.h), round robin without one.
+ *  None of the pointers is owned. NULL on OOM. */
+kvr_sim_api *kvr_sim_api_new(uv_loop_t *loop, const kvr_sim_api_cfg *cfg, kvr_sim_engine *eng,
+                             size_t neng, kvr_sim_pd *pd, kvr_sim_faults *faults,
+                             kvr_metrics *reg);
 /** The kvr_http_handler; `ud` is the kvr_sim_api. */
 void kvr_sim_api_handle(kvr_http_req *req, void *ud);
 /** The port the sim listens on, once bound: part of its response ids, so that sims sharing a

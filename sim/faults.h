@@ -25,6 +25,10 @@ typedef struct kvr_sim_faults {
                                    replay buffer (a subscriber sees a gap it can replay);
                                    counts down as batches are withheld (0) */
     int replay_silent;        /**< the replay ROUTER reads and ignores every request (0) */
+    double kv_params_drop_rate;   /**< probability a prefill (pd.h) answers without
+                                       kv_transfer_params and holds nothing (0) */
+    double kv_transfer_fail_rate; /**< probability a KV transfer fails: a decode's fetch is
+                                       not sent, a prefill answers a fetch with 500 (0) */
 } kvr_sim_faults;
 
 /** Defaults: no faults, fail_status 500, health 200. The KV-event faults are read by the
@@ -32,6 +36,8 @@ typedef struct kvr_sim_faults {
 void kvr_sim_faults_default(kvr_sim_faults *f);
 /** Draws whether the next completion request fails (one draw per request, in arrival order).*/
 int kvr_sim_faults_should_fail(const kvr_sim_faults *f);
+/** One draw that is true with probability `rate` (no draw, false, when rate <= 0). */
+int kvr_sim_faults_draw(double rate);
 /** Applies the fields present in `obj`. Returns 0, or -1 with `*err` set (nothing changed)
  *  when a field has the wrong type or range. */
 int kvr_sim_faults_update(kvr_sim_faults *f, const json_t *obj, const char **err);

@@ -149,14 +149,21 @@ typedef struct stored_batch {
     size_t len;
 } stored_batch;
 
+/* One data-parallel rank's pending batch; the sink of that rank's pool points here. */
+typedef struct rank_batch {
+    kvr_sim_events *ev;
+    int dp_rank;
+    kvr_sim_evbatch batch;
+} rank_batch;
+
 struct kvr_sim_events {
     void *ctx, *pub, *router;
     uv_poll_t poll;
     int polling;
     char *topic;
     size_t topic_len;
-    int dp_rank;
-    kvr_sim_evbatch batch;
+    rank_batch *ranks;
+    size_t nranks;
     kvr_buf payload;
     uint64_t seq;
     uint64_t dropped;
@@ -310,6 +317,14 @@ static void on_router(uv_poll_t *h, int status, int events)
     }
 }
 
+static void free_ranks(kvr_sim_events *ev)
+{
+    for (size_t i = 0; ev->ranks && i < ev->nranks; i++)
+        kvr_sim_evbatch_free(&ev->ranks[i].batch);
+    free(ev->ranks);
+    ev->ranks = NULL;
+}
+
 static void set_err(char *err, size_t errlen, const char *what, const char *ep)
 {
     snprintf(err, errlen, "%s %s: %s", what, ep, zmq_strerror(zmq_errno()));
@@ -326,16 +341,21 @@ kvr_sim_events *kvr_sim_events_new(uv_loop_t *loop, const kvr_sim_events_cfg *cf
     const char *topic = cfg->topic ? cfg->topic : "";
     ev->topic = strdup(topic);
     ev->topic_len = strlen(topic);
-    ev->dp_rank = cfg->dp_rank;
     ev->faults = cfg->faults;
-    kvr_sim_evbatch_init(&ev->batch, cfg->map_format, cfg->max_batch_bytes);
+    ev->nranks = cfg->nranks ? cfg->nranks : 1;
+    ev->ranks = calloc(ev->nranks, sizeof(*ev->ranks));
+    for (size_t i = 0; ev->ranks && i < ev->nranks; i++) {
+        ev->ranks[i].ev = ev;
+        ev->ranks[i].dp_rank = cfg->dp_rank + (int)i;
+        kvr_sim_evbatch_init(&ev->ranks[i].batch, cfg->map_format, cfg->max_batch_bytes);
+    }
     kvr_buf_init(&ev->payload, 0);
     ev->ring_cap = cfg->buffer_steps;
     ev->ring_max_bytes = cfg->buffer_bytes;
     if (ev->ring_cap)
         ev->ring = calloc(ev->ring_cap, sizeof(stored_batch));
     ev->ctx = zmq_ctx_new();
-    if (!ev->topic || (ev->ring_cap && !ev->ring) || !ev->ctx) {
+    if (!ev->topic || !ev->ranks || (ev->ring_cap && !ev->ring) || !ev->ctx) {
         snprintf(err, errlen, "out of memory");
         goto fail;
     }
@@ -377,7 +397,7 @@ fail:
         zmq_close(ev->router);
     if (ev->ctx)
         zmq_ctx_term(ev->ctx);
-    kvr_sim_evbatch_free(&ev->batch);
+    free_ranks(ev);
     free(ev->ring);
     free(ev->topic);
     free(ev);
@@ -386,7 +406,7 @@ fail:
 
 kvr_sim_evbatch *kvr_sim_events_batch(kvr_sim_events *ev)
 {
-    return &ev->batch;
+    return &ev->ranks[0].batch;
 }
 
 uint64_t kvr_sim_events_next_seq(const kvr_sim_events *ev)
@@ -413,44 +433,58 @@ static void sink_stored(void *ud, const uint64_t *hashes, size_t n, int has_pare
                         uint64_t parent, const uint32_t *tokens, size_t ntokens,
                         uint32_t block_size)
 {
-    kvr_sim_events *ev = ud;
-    if (kvr_sim_evbatch_stored(&ev->batch, hashes, n, has_parent, parent, tokens, ntokens,
+    rank_batch *rb = ud;
+    if (kvr_sim_evbatch_stored(&rb->batch, hashes, n, has_parent, parent, tokens, ntokens,
                                block_size) < 0)
-        ev->dropped++;
+        rb->ev->dropped++;
 }
 
 static void sink_removed(void *ud, uint64_t hash)
 {
-    kvr_sim_events *ev = ud;
-    if (kvr_sim_evbatch_removed(&ev->batch, hash) < 0)
-        ev->dropped++;
+    rank_batch *rb = ud;
+    if (kvr_sim_evbatch_removed(&rb->batch, hash) < 0)
+        rb->ev->dropped++;
 }
 
 static void sink_cleared(void *ud)
 {
-    kvr_sim_events *ev = ud;
-    if (kvr_sim_evbatch_cleared(&ev->batch) < 0)
-        ev->dropped++;
+    rank_batch *rb = ud;
+    if (kvr_sim_evbatch_cleared(&rb->batch) < 0)
+        rb->ev->dropped++;
 }
 
-void kvr_sim_events_sink(kvr_sim_events *ev, kvr_sim_kv_sink *sink)
+void kvr_sim_events_sink_rank(kvr_sim_events *ev, size_t idx, kvr_sim_kv_sink *sink)
 {
     sink->stored = sink_stored;
     sink->removed = sink_removed;
     sink->cleared = sink_cleared;
-    sink->ud = ev;
+    sink->ud = &ev->ranks[idx < ev->nranks ? idx : 0];
+}
+
+void kvr_sim_events_sink(kvr_sim_events *ev, kvr_sim_kv_sink *sink)
+{
+    kvr_sim_events_sink_rank(ev, 0, sink);
 }
 
 void kvr_sim_events_flush(kvr_sim_events *ev)
 {
-    if (ev->batch.nevents == 0)
+    for (size_t i = 0; i < ev->nranks; i++)
+        kvr_sim_events_flush_rank(ev, i);
+}
+
+void kvr_sim_events_flush_rank(kvr_sim_events *ev, size_t idx)
+{
+    if (idx >= ev->nranks)
+        return;
+    rank_batch *rb = &ev->ranks[idx];
+    if (rb->batch.nevents == 0)
         return;
     struct timeval tv;
     gettimeofday(&tv, NULL);
     double ts = (double)tv.tv_sec + (double)tv.tv_usec / 1e6;
     kvr_buf_reset(&ev->payload);
-    size_t nevents = ev->batch.nevents;
-    if (kvr_sim_evbatch_finish(&ev->batch, ts, ev->dp_rank, &ev->payload) < 0) {
+    size_t nevents = rb->batch.nevents;
+    if (kvr_sim_evbatch_finish(&rb->batch, ts, rb->dp_rank, &ev->payload) < 0) {
         ev->dropped += nevents;
         return;
     }
@@ -468,6 +502,28 @@ void kvr_sim_events_flush(kvr_sim_events *ev)
     ev->seq++;
 }
 
+int kvr_sim_events_offset_endpoint(const char *ep, int rank, char *out, size_t cap)
+{
+    int w;
+    if (rank == 0) {
+        w = snprintf(out, cap, "%s", ep);
+    } else if (strncmp(ep, "inproc://", 9) == 0 || strncmp(ep, "ipc://", 6) == 0) {
+        w = snprintf(out, cap, "%s_dp%d", ep, rank);
+    } else if (strncmp(ep, "tcp://", 6) == 0) {
+        const char *colon = strrchr(ep + 6, ':');
+        if (!colon || !colon[1] || strspn(colon + 1, "0123456789") != strlen(colon + 1) ||
+            strlen(colon + 1) > 5)
+            return -1;
+        long port = strtol(colon + 1, NULL, 10) + rank;
+        if (rank < 0 || port > 65535)
+            return -1;
+        w = snprintf(out, cap, "%.*s:%ld", (int)(colon - ep), ep, port);
+    } else {
+        return -1;
+    }
+    return w < 0 || (size_t)w >= cap ? -1 : 0;
+}
+
 static void on_poll_closed(uv_handle_t *h)
 {
     kvr_sim_events *ev = h->data;
@@ -478,7 +534,7 @@ static void on_poll_closed(uv_handle_t *h)
     while (ev->ring_len)
         ring_drop_oldest(ev);
     free(ev->ring);
-    kvr_sim_evbatch_free(&ev->batch);
+    free_ranks(ev);
     kvr_buf_free(&ev->payload);
     free(ev->topic);
     free(ev);

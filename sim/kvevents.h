@@ -74,7 +74,11 @@ typedef struct kvr_sim_events_cfg {
     size_t buffer_bytes;         /**< payload bytes kept for replay (cap; oldest dropped) */
     size_t max_batch_bytes;      /**< cap on one batch's encoded events (events past it are
                                       dropped and counted) */
-    int dp_rank;                 /**< data_parallel_rank field (0) */
+    int dp_rank;                 /**< data_parallel_rank of the first rank (0) */
+    size_t nranks;               /**< data-parallel ranks publishing here, each with its own
+                                      batch carrying dp_rank + its index (0 or 1 = one; more
+                                      with --kv-events-dp shared: all ranks on one socket and
+                                      one sequence, told apart by data_parallel_rank) */
     kvr_sim_faults *faults;      /**< not owned, may be NULL: drop_event_batches (counted down
                                       here) and replay_silent are read at each batch/request */
 } kvr_sim_events_cfg;
@@ -85,15 +89,25 @@ typedef struct kvr_sim_events kvr_sim_events;
  *  `err` when an endpoint cannot be bound or connected. */
 kvr_sim_events *kvr_sim_events_new(uv_loop_t *loop, const kvr_sim_events_cfg *cfg, char *err,
                                    size_t errlen);
-/** The current batch, to which kvr_sim_evbatch_* calls append (the KV pool's sink does). */
+/** The current batch of the first rank, to which kvr_sim_evbatch_* calls append. */
 kvr_sim_evbatch *kvr_sim_events_batch(kvr_sim_events *ev);
-/** Fills `sink` so that the KV pool's events are appended to the current batch (events that
- *  do not fit max_batch_bytes are dropped and counted). */
+/** Fills `sink` so that a KV pool's events are appended to the current batch of rank index
+ *  `idx` (< nranks; events that do not fit max_batch_bytes are dropped and counted). */
+void kvr_sim_events_sink_rank(kvr_sim_events *ev, size_t idx, kvr_sim_kv_sink *sink);
+/** kvr_sim_events_sink_rank() for index 0. */
 void kvr_sim_events_sink(kvr_sim_events *ev, kvr_sim_kv_sink *sink);
-/** Publishes the current batch, if it holds any event, as the next sequence number and keeps
- *  it for replay. Called once per engine step (vLLM publishes one batch per step). Under the
- *  drop_event_batches fault the batch is numbered and kept but not sent. */
+/** Publishes rank index `idx`'s current batch, if it holds any event, as the next sequence
+ *  number and keeps it for replay. Called once per step of that rank's engine (vLLM publishes
+ *  one batch per step). Under the drop_event_batches fault the batch is numbered and kept but
+ *  not sent. */
+void kvr_sim_events_flush_rank(kvr_sim_events *ev, size_t idx);
+/** Flushes every rank's batch, in rank order. */
 void kvr_sim_events_flush(kvr_sim_events *ev);
+/** vLLM's per-rank endpoint (offset_endpoint_port in vllm/distributed/kv_events.py): a tcp://
+ *  endpoint's port plus `rank`; an inproc:// or ipc:// name with "_dp<rank>" appended; rank 0
+ *  is the endpoint itself. Writes to `out`; returns 0, or -1 for another scheme, a tcp
+ *  endpoint without a numeric port, a port past 65535 or a too small `out`. */
+int kvr_sim_events_offset_endpoint(const char *ep, int rank, char *out, size_t cap);
 /** The sequence number the next batch will get (= batches published so far). */
 uint64_t kvr_sim_events_next_seq(const kvr_sim_events *ev);
 /** Events dropped because a batch exceeded max_batch_bytes, or a send failed. */

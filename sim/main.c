@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "pd.h"
 #include "profile.h"
 #include "sim.h"
 #include "util/flags.h"
@@ -47,6 +48,36 @@ static int set_bind(void *t, const kvr_flag *f, const char *v, char *err, size_t
 static void show_bind(FILE *out, const void *t, const kvr_flag *f)
 {
     fputs(bind_names[*(const kvr_sim_ev_bind *)((const char *)t + f->off)], out);
+}
+
+static int set_dp_events(void *t, const kvr_flag *f, const char *v, char *err, size_t cap)
+{
+    (void)err, (void)cap;
+    if (strcmp(v, "per-rank") && strcmp(v, "shared"))
+        return -1;
+    *(int *)((char *)t + f->off) = strcmp(v, "shared") == 0;
+    return 0;
+}
+
+static void show_dp_events(FILE *out, const void *t, const kvr_flag *f)
+{
+    fputs(*(const int *)((const char *)t + f->off) ? "shared" : "per-rank", out);
+}
+
+static int set_role(void *t, const kvr_flag *f, const char *v, char *err, size_t cap)
+{
+    (void)err, (void)cap;
+    for (int r = KVR_SIM_ROLE_BOTH; r <= KVR_SIM_ROLE_DECODE; r++)
+        if (strcmp(v, kvr_sim_role_name((kvr_sim_role)r)) == 0) {
+            *(int *)((char *)t + f->off) = r;
+            return 0;
+        }
+    return -1;
+}
+
+static void show_role(FILE *out, const void *t, const kvr_flag *f)
+{
+    fputs(kvr_sim_role_name((kvr_sim_role) * (const int *)((const char *)t + f->off)), out);
 }
 
 /* The log level is process state, not part of kvr_sim_config: it lives in `log_level`. */
@@ -129,6 +160,26 @@ static const kvr_flag flags[] = {
       "payload bytes kept for replay"),
     F("kv-events-max-batch-bytes", SIZE, kv_events_max_batch_bytes, 64, 1e10,
       "cap on one batch of events"),
+    F("data-parallel-size", U32, data_parallel_size, 1, 256,
+      "engine ranks behind the one port, each with its own --kv-blocks cache and scheduler; "
+      "X-data-parallel-rank picks one (round robin without it)"),
+    C("kv-events-dp", kv_events_dp_shared, set_dp_events, show_dp_events,
+      "with --data-parallel-size > 1: per-rank (vLLM: rank r publishes on the endpoint's "
+      "port + r) | shared (all ranks on the one endpoint)"),
+    C("role", role, set_role, show_role,
+      "prefill | decode | both: the part played in a disaggregated pair (docs/sim.md)"),
+    F("kv-hold-ms", U64, kv_hold_ms, 1, 864e5,
+      "a prefill holds a request's KV blocks for its decode this long at most"),
+    F("kv-hold-max-requests", SIZE, kv_hold_max_requests, 1, 1e7,
+      "requests whose KV a prefill holds at most (the oldest hold ends first)"),
+    F("kv-transfer-us-per-block", DOUBLE, kv_transfer_us_per_block, 0, 1e9,
+      "model µs a decode spends fetching one block"),
+    F("kv-transfer-timeout-ms", U64, kv_transfer_timeout_ms, 1, 864e5,
+      "a decode's KV fetch gives up (and recomputes) after this long, waiting included"),
+    F("bootstrap-port", INT, bootstrap_port, 0, 65535,
+      "SGLang bootstrap server port on --host (0 = none)"),
+    F("request-log-size", SIZE, request_log_size, 0, 1e7,
+      "generation requests GET /sim/requests keeps (0 = none)"),
     F("seed", U64, seed, 0, 1.8e19, "seed of faults, output text and hashes"),
     F("max-waiting", SIZE, max_waiting, 1, 1e9, "queued requests before 503"),
     F("max-body-bytes", SIZE, max_body_bytes, 1024, 1e10, "request body cap"),
@@ -150,6 +201,10 @@ static const kvr_flag flags[] = {
     F("drop-event-batches", LONG, faults.drop_event_batches, 0, 1e9,
       "withhold the next N KV-event batches from PUB (still numbered and replayable)"),
     F("replay-silent", BOOL, faults.replay_silent, 0, 1, "ignore KV-event replay requests"),
+    F("kv-params-drop-rate", DOUBLE, faults.kv_params_drop_rate, 0, 1,
+      "probability a prefill answers without kv_transfer_params (and holds nothing)"),
+    F("kv-transfer-fail-rate", DOUBLE, faults.kv_transfer_fail_rate, 0, 1,
+      "probability a KV transfer fails (decode: not sent; prefill: answered 500)"),
     {.name = "log-level", .type = KVR_FLAG_CUSTOM, .help = "debug | info | warn | error",
      .set = set_level, .show = show_level},
 };

@@ -7,14 +7,12 @@
 #include <uv.h>
 
 #include "api.h"
+#include "engine.h"
 #include "http/server.h"
-#include "kvcache.h"
 #include "obs/metrics.h"
 #include "profile.h"
-#include "scheduler.h"
 #include "util/log.h"
 #include "util/rand.h"
-#include "vmetrics.h"
 
 void kvr_sim_config_default(kvr_sim_config *c)
 {
@@ -43,6 +41,12 @@ void kvr_sim_config_default(kvr_sim_config *c)
         .max_body_bytes = 32u << 20,
         .detokenize_cache_entries = 65536,
         .max_stored_responses = 10000,
+        .data_parallel_size = 1,
+        .kv_hold_ms = 480000,
+        .kv_hold_max_requests = 10000,
+        .kv_transfer_us_per_block = 80,
+        .kv_transfer_timeout_ms = 30000,
+        .request_log_size = 1000,
     };
     kvr_sim_faults_default(&c->faults);
 }
@@ -69,29 +73,34 @@ int kvr_sim_config_apply_profile(kvr_sim_config *c, const char *name)
 typedef struct sim {
     uv_loop_t loop;
     uv_signal_t sigint, sigterm;
-    kvr_http_server *server;
-    kvr_sim_kv *kv;
-    kvr_sim_events *events;
-    kvr_sim_sched *sched;
+    kvr_http_server *server, *bootstrap; /* bootstrap: SGLang's handshake port, or NULL */
+    int open_servers;
+    kvr_sim_pd *pd;
+    kvr_sim_engine *eng;
+    size_t neng;
     kvr_metrics *reg;
-    kvr_sim_vmetrics *vm;
     kvr_sim_api *api;
     kvr_sim_faults faults;
     int stopping;
 } sim;
 
-static void flush_events(void *ud)
-{
-    kvr_sim_events_flush(ud);
-}
-
 static void on_server_closed(void *ud)
 {
     sim *s = ud;
-    kvr_sim_sched_close(s->sched);
-    kvr_sim_events_close(s->events);
+    if (--s->open_servers > 0)
+        return;
+    kvr_sim_pd_close(s->pd);
+    kvr_sim_engines_close(s->eng, s->neng);
     uv_close((uv_handle_t *)&s->sigint, NULL);
     uv_close((uv_handle_t *)&s->sigterm, NULL);
+}
+
+static void close_servers(sim *s)
+{
+    s->open_servers = s->bootstrap ? 2 : 1;
+    if (s->bootstrap)
+        kvr_http_server_close(s->bootstrap, on_server_closed, s);
+    kvr_http_server_close(s->server, on_server_closed, s);
 }
 
 static void on_signal(uv_signal_t *h, int signum)
@@ -101,7 +110,7 @@ static void on_signal(uv_signal_t *h, int signum)
         return;
     s->stopping = 1;
     KVR_INFO("msg=\"kvroute-sim stopping\" signal=%d", signum);
-    kvr_http_server_close(s->server, on_server_closed, s);
+    close_servers(s);
 }
 
 int kvr_sim_run(const kvr_sim_config *c)
@@ -111,52 +120,25 @@ int kvr_sim_run(const kvr_sim_config *c)
     sim s = {0};
     s.faults = c->faults;
     uv_loop_init(&s.loop);
-    s.kv = kvr_sim_kv_new(c->kv_blocks, c->block_size, c->seed);
-    if (!s.kv) {
-        KVR_ERROR("msg=\"cannot create the KV pool\" kv_blocks=%u block_size=%u", c->kv_blocks,
-                  c->block_size);
-        return 1;
-    }
-    if (c->kv_events_endpoint && *c->kv_events_endpoint) {
-        kvr_sim_events_cfg ec = {
-            .endpoint = c->kv_events_endpoint,
-            .replay_endpoint = c->kv_events_replay_endpoint,
-            .topic = c->kv_events_topic,
-            .map_format = c->kv_events_map,
-            .bind = c->kv_events_bind,
-            .hwm = c->kv_events_hwm,
-            .buffer_steps = c->kv_events_buffer_steps,
-            .buffer_bytes = c->kv_events_buffer_bytes,
-            .max_batch_bytes = c->kv_events_max_batch_bytes,
-            .faults = &s.faults,
-        };
-        char err[300];
-        s.events = kvr_sim_events_new(&s.loop, &ec, err, sizeof(err));
-        if (!s.events) {
-            KVR_ERROR("msg=\"%s\"", err);
-            kvr_sim_kv_free_pool(s.kv);
-            return 1;
-        }
-        kvr_sim_kv_sink sink;
-        kvr_sim_events_sink(s.events, &sink);
-        kvr_sim_kv_set_sink(s.kv, &sink);
-    }
-    kvr_sim_sched_cfg sc = {
-        .max_num_seqs = c->max_num_seqs,
-        .max_num_batched_tokens = c->max_num_batched_tokens,
-        .prefill_us_per_token = c->prefill_us_per_token,
-        .decode_us_per_token = c->decode_us_per_token,
-        .step_overhead_us = c->step_overhead_us,
-        .decode_us_per_kv_token = c->decode_us_per_kv_token,
-        .time_scale = c->time_scale,
-        .seed = c->seed,
-        .on_step_done = s.events ? flush_events : NULL,
-        .ud = s.events,
-    };
-    s.sched = kvr_sim_sched_new(&s.loop, s.kv, &sc);
     s.reg = kvr_metrics_new();
     kvr_metrics_add_process(s.reg);
-    s.vm = s.sched ? kvr_sim_vmetrics_new(s.reg, c->model, s.sched, s.kv) : NULL;
+    char err[300];
+    s.neng = c->data_parallel_size ? c->data_parallel_size : 1;
+    s.eng = kvr_sim_engines_new(&s.loop, c, s.reg, &s.faults, err, sizeof(err));
+    if (!s.eng) {
+        KVR_ERROR("msg=\"%s\"", err);
+        kvr_metrics_free(s.reg);
+        return 1;
+    }
+    kvr_sim_pd_cfg pc = {.role = (kvr_sim_role)c->role,
+                         .hold_ms = c->kv_hold_ms,
+                         .hold_max = c->kv_hold_max_requests,
+                         .transfer_us_per_block = c->kv_transfer_us_per_block,
+                         .time_scale = c->time_scale,
+                         .transfer_timeout_ms = c->kv_transfer_timeout_ms,
+                         .host = c->host,
+                         .max_blocks = c->max_model_len / c->block_size + 1};
+    s.pd = kvr_sim_pd_new(&s.loop, &pc, s.reg, &s.faults);
     kvr_sim_api_cfg ac = {.model = c->model,
                           .max_model_len = c->max_model_len,
                           .default_max_tokens = c->default_max_tokens,
@@ -164,9 +146,9 @@ int kvr_sim_run(const kvr_sim_config *c)
                           .seed = c->seed,
                           .detokenize_cache_entries = c->detokenize_cache_entries,
                           .max_stored_responses = c->max_stored_responses,
-                          .profile = c->profile};
-    s.api = s.vm ? kvr_sim_api_new(&s.loop, &ac, s.sched, s.kv, s.events, &s.faults, s.reg, s.vm)
-                 : NULL;
+                          .profile = c->profile,
+                          .request_log_size = c->request_log_size};
+    s.api = s.pd ? kvr_sim_api_new(&s.loop, &ac, s.eng, s.neng, s.pd, &s.faults, s.reg) : NULL;
     if (!s.api) {
         KVR_ERROR("msg=\"out of memory at start\"");
         return 1;
@@ -177,15 +159,21 @@ int kvr_sim_run(const kvr_sim_config *c)
     lim.close_after_requests = c->close_after_requests;
     s.server = kvr_http_server_new(&s.loop, &lim, kvr_sim_api_handle, s.api);
     int rc = kvr_http_server_listen(s.server, c->host, c->port);
+    if (rc >= 0 && c->bootstrap_port) {
+        /* SGLang's bootstrap server: the same handler, so /sim/bootstrap/<room> answers on
+         * both ports; decodes are told this one */
+        s.bootstrap = kvr_http_server_new(&s.loop, &lim, kvr_sim_api_handle, s.api);
+        rc = kvr_http_server_listen(s.bootstrap, c->host, c->bootstrap_port);
+    }
     int status = 0;
     if (rc < 0) {
-        KVR_ERROR("msg=\"cannot listen\" host=%s port=%d error=\"%s\"", c->host, c->port,
-                  uv_strerror(rc));
+        KVR_ERROR("msg=\"cannot listen\" host=%s port=%d error=\"%s\"", c->host,
+                  s.bootstrap ? c->bootstrap_port : c->port, uv_strerror(rc));
         status = 1;
         s.stopping = 1;
         uv_signal_init(&s.loop, &s.sigint);
         uv_signal_init(&s.loop, &s.sigterm);
-        kvr_http_server_close(s.server, on_server_closed, &s);
+        close_servers(&s);
     } else {
         uv_signal_init(&s.loop, &s.sigint);
         uv_signal_init(&s.loop, &s.sigterm);
@@ -193,18 +181,22 @@ int kvr_sim_run(const kvr_sim_config *c)
         uv_signal_start(&s.sigint, on_signal, SIGINT);
         uv_signal_start(&s.sigterm, on_signal, SIGTERM);
         kvr_sim_api_set_port(s.api, kvr_http_server_port(s.server));
+        kvr_sim_pd_set_port(s.pd, kvr_http_server_port(s.server));
         KVR_INFO("msg=\"kvroute-sim listening\" addr=%s:%d model=\"%s\" kv_blocks=%u "
-                 "block_size=%u time_scale=%g profile=%s kv_events=\"%s\"",
+                 "block_size=%u data_parallel_size=%zu role=%s bootstrap_port=%d "
+                 "time_scale=%g profile=%s kv_events=\"%s\"",
                  c->host, kvr_http_server_port(s.server), c->model, c->kv_blocks, c->block_size,
-                 c->time_scale, c->profile ? c->profile : "none",
+                 s.neng, kvr_sim_role_name((kvr_sim_role)c->role),
+                 s.bootstrap ? kvr_http_server_port(s.bootstrap) : 0, c->time_scale,
+                 c->profile ? c->profile : "none",
                  c->kv_events_endpoint ? c->kv_events_endpoint : "");
     }
     uv_run(&s.loop, UV_RUN_DEFAULT);
     if (uv_loop_close(&s.loop) != 0)
         KVR_WARN("msg=\"loop closed with handles open\"");
     kvr_sim_api_free(s.api);
-    kvr_sim_vmetrics_free(s.vm);
+    kvr_sim_pd_free(s.pd); /* releases its holds into the pools */
+    kvr_sim_engines_free(s.eng, s.neng);
     kvr_metrics_free(s.reg);
-    kvr_sim_kv_free_pool(s.kv);
     return status;
 }

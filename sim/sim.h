@@ -43,6 +43,18 @@ typedef struct kvr_sim_config {
                                           responses, unannounced (0 = never) */
     size_t detokenize_cache_entries; /**< pieces remembered for /detokenize (65536; 0 = none) */
     size_t max_stored_responses;     /**< /v1/responses kept for previous_response_id (10000) */
+    uint32_t data_parallel_size;     /**< engine ranks behind the one port, each with its own
+                                          --kv-blocks pool and scheduler (1; engine.h) */
+    int kv_events_dp_shared;         /**< with several ranks: all publish on the one endpoint
+                                          (1) rather than on endpoint port + rank (0) */
+    int role;                        /**< kvr_sim_role (pd.h): both (0), prefill, decode */
+    uint64_t kv_hold_ms;             /**< a prefill holds a request's blocks this long at most
+                                          (480000, vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT) */
+    size_t kv_hold_max_requests;     /**< holds at most (10000; the oldest ends first) */
+    double kv_transfer_us_per_block; /**< model µs to transfer one block (80) */
+    uint64_t kv_transfer_timeout_ms; /**< a decode's fetch, waiting included (30000) */
+    int bootstrap_port;              /**< SGLang bootstrap server port (0 = none) */
+    size_t request_log_size;         /**< requests GET /sim/requests keeps (1000) */
     kvr_sim_faults faults;           /**< initial fault settings */
 } kvr_sim_config;
 

@@ -22,6 +22,7 @@ struct kvr_sim_vmetrics {
     kvr_sim_sched *sched;
     kvr_sim_kv *kv;
     char *model;
+    char engine[16];
     const char *lv[2]; /* model_name, engine */
     kvr_metric *running, *waiting, *usage, *queries, *hits, *prompt, *gen, *preempt, *success;
     kvr_metric *ttft, *itl, *e2e, *queue;
@@ -43,8 +44,8 @@ static void on_render(void *ud)
     kvr_metric_set(vm->success, sv, (double)vm->success_total);
 }
 
-kvr_sim_vmetrics *kvr_sim_vmetrics_new(kvr_metrics *reg, const char *model, kvr_sim_sched *sched,
-                                       kvr_sim_kv *kv)
+kvr_sim_vmetrics *kvr_sim_vmetrics_new(kvr_metrics *reg, const char *model, int engine,
+                                       kvr_sim_sched *sched, kvr_sim_kv *kv)
 {
     kvr_sim_vmetrics *vm = calloc(1, sizeof(*vm));
     if (!vm)
@@ -57,7 +58,8 @@ kvr_sim_vmetrics *kvr_sim_vmetrics_new(kvr_metrics *reg, const char *model, kvr_
     vm->sched = sched;
     vm->kv = kv;
     vm->lv[0] = vm->model;
-    vm->lv[1] = "0";
+    snprintf(vm->engine, sizeof(vm->engine), "%d", engine);
+    vm->lv[1] = vm->engine;
     static const char *const l2[] = {"model_name", "engine"};
     static const char *const l3[] = {"model_name", "engine", "finished_reason"};
     vm->running = kvr_metrics_gauge(reg, "vllm:num_requests_running",
@@ -103,7 +105,7 @@ kvr_sim_vmetrics *kvr_sim_vmetrics_new(kvr_metrics *reg, const char *model, kvr_
     char bs[16], nb[16];
     snprintf(bs, sizeof(bs), "%u", kvr_sim_kv_block_size(kv));
     snprintf(nb, sizeof(nb), "%u", kvr_sim_kv_num_blocks(kv));
-    const char *cv[] = {vm->model, "0", bs, nb, "auto", "True", "0.9", "xxh3_64"};
+    const char *cv[] = {vm->model, vm->engine, bs, nb, "auto", "True", "0.9", "xxh3_64"};
     kvr_metric_set(info, cv, 1);
     /* create the labelled series now so a fresh worker shows zeros, as vLLM does */
     on_render(vm);

@@ -1,6 +1,8 @@
 /* kvroute-sim's /metrics under vLLM's names (vllm/v1/metrics/loggers.py;
  * ../shared/reference/vllm-kv-events.md §3), on the shared registry (src/obs/metrics.h).
- * Labels are vLLM's: model_name and engine ("0"), plus finished_reason where vLLM has it.
+ * Labels are vLLM's: model_name and engine (the data-parallel rank, "0" without data
+ * parallelism: one instance per rank, as vLLM's PrometheusStatLogger labels each engine
+ * index), plus finished_reason where vLLM has it.
  *
  *   gauges     vllm:num_requests_running, vllm:num_requests_waiting, vllm:kv_cache_usage_perc
  *   counters   vllm:prefix_cache_queries_total, vllm:prefix_cache_hits_total (tokens, once per
@@ -25,10 +27,11 @@
 
 typedef struct kvr_sim_vmetrics kvr_sim_vmetrics;
 
-/** Registers the families on `reg` (not owned) for `model`; reads gauges and cache counters
- *  from `sched` and `kv` at each render. NULL on OOM. */
-kvr_sim_vmetrics *kvr_sim_vmetrics_new(kvr_metrics *reg, const char *model, kvr_sim_sched *sched,
-                                       kvr_sim_kv *kv);
+/** Registers the families on `reg` (not owned; registering again for another rank reuses
+ *  them) for `model` and the series of engine `engine` (its rank); reads gauges and cache
+ *  counters from `sched` and `kv` at each render. NULL on OOM. */
+kvr_sim_vmetrics *kvr_sim_vmetrics_new(kvr_metrics *reg, const char *model, int engine,
+                                       kvr_sim_sched *sched, kvr_sim_kv *kv);
 /** Frees `vm` (NULL is fine); call after the registry has rendered for the last time, since
  *  the render hook points at it. */
 void kvr_sim_vmetrics_free(kvr_sim_vmetrics *vm);
