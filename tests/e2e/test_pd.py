@@ -328,3 +328,133 @@ routes:
     out = subprocess.run([str(KVROUTE_BIN), "--check", "--config", str(cfg)],
                          capture_output=True, text=True, timeout=10)
     assert out.returncode != 0 and "nixl" in out.stderr + out.stdout
+
+
+# ============================================================================ kvroute-sim fleets
+from conftest import SIM_MODEL  # noqa: E402
+
+SIM_SYSTEM = {"role": "system", "content": "You answer questions about caches briefly. " * 8}
+
+
+def sim_log(sim):
+    r = sim.client.get("/sim/requests")
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def sim_fleet(sim_factory, np, nd, *extra):
+    ps = [sim_factory("--time-scale", "0", "--role", "prefill", *extra) for _ in range(np)]
+    ds = [sim_factory("--time-scale", "0", "--role", "decode", *extra) for _ in range(nd)]
+    return ps, ds
+
+
+def sim_chat(kv, text, stream=False, history=(), rid=None, **extra):
+    body = {"model": SIM_MODEL, "max_tokens": 8, "stream": stream,
+            "messages": [SIM_SYSTEM, *history, {"role": "user", "content": text}],
+            **{k: v for k, v in extra.items() if v is not None}}
+    return kv.post("/v1/chat/completions", body, headers={"x-request-id": rid} if rid else None)
+
+
+def test_sim_vllm_2p2d(sim_factory, kvroute):
+    ps, ds = sim_fleet(sim_factory, 2, 2)
+    kv = pd_kvroute(kvroute, ps, ds, model=SIM_MODEL)
+    r = sim_chat(kv, "What is a KV cache block?", rid="sim-pd-1")
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 8
+    pre = [(p, e) for p in ps for e in sim_log(p)]
+    dec = [(d, e) for d in ds for e in sim_log(d)]
+    assert len(pre) == 1 and len(dec) == 1
+    (pw, pe), (dw, de) = pre[0], dec[0]
+    assert pe["request_id"] == de["request_id"] == "sim-pd-1"
+    assert pe["pd"] == "prefill" and pe["max_tokens"] == 1 and pe["stream"] is False
+    assert pe["kv_transfer_params"]["do_remote_decode"] is True
+    assert de["pd"] == "decode" and de["max_tokens"] == 8
+    assert de["kv_transfer_params"]["remote_port"] == pw.port
+    assert de["kv_transfer"]["result"] == "fetched" and de["kv_transfer"]["recomputed"] is False
+    assert r.headers["x-kvroute-prefill-worker"] == pw.url
+    assert r.headers["x-kvroute-worker"] == dw.url
+    # the decode's cached tokens are the transferred blocks: nothing recomputed
+    u = r.json()["usage"]
+    assert u["prompt_tokens_details"]["cached_tokens"] == \
+        min(de["kv_transfer"]["blocks"], (u["prompt_tokens"] - 1) // 16) * 16 > 0
+    assert dw.metrics().get("kvroute_sim:kv_recomputed_requests_total") == 0
+
+    # streamed, then turn 2 of the conversation on turn 1's prefill worker
+    r = sim_chat(kv, "Why hold blocks?", stream=True, stream_options={"include_usage": True})
+    assert r.status_code == 200, r.text
+    ev = parse_sse(r.content)
+    assert ev[-1]["data"] == "[DONE]"
+    chunks = [json.loads(e["data"]) for e in ev[:-1]]
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks
+                   if c.get("choices")) != ""
+    assert chunks[-1]["usage"]["completion_tokens"] == 8
+    first = r.headers["x-kvroute-prefill-worker"]
+    reply = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks
+                    if c.get("choices"))
+    hist = [{"role": "user", "content": "Why hold blocks?"},
+            {"role": "assistant", "content": reply}]
+    for i in range(3):
+        r2 = sim_chat(kv, "And then %d?" % i, history=hist)
+        assert r2.status_code == 200, r2.text
+        assert r2.headers["x-kvroute-prefill-worker"] == first
+        assert r2.headers["x-kvroute-decision"] == "prefix_match"
+    for d in ds:
+        assert d.metrics().get("kvroute_sim:kv_recomputed_requests_total") == 0
+    m = kv.metrics()
+    assert m.get("kvroute_pd_requests_total", model=SIM_MODEL, result="ok") == 5
+    # prompt tokens count where they were prefilled
+    assert sum(m.get("kvroute_prompt_tokens_total", model=SIM_MODEL, worker=d.url) or 0
+               for d in ds) == 0
+
+
+def test_sim_prefill_killed(sim_factory, kvroute):
+    ps, ds = sim_fleet(sim_factory, 2, 2)
+    kv = pd_kvroute(kvroute, ps, ds, model=SIM_MODEL, extra=["--breaker-failures", "0"])
+    ps[0].stop()  # gone (SIGTERM: the teardown wants a clean exit)
+    for i in range(4):
+        r = sim_chat(kv, "killed one %d" % i, stream=i % 2 == 1)
+        assert r.status_code == 200, r.text
+        assert r.headers["x-kvroute-prefill-worker"] == ps[1].url
+    ps[1].stop()
+    for i in range(4):
+        r = sim_chat(kv, "killed both %d" % i, stream=i % 2 == 1)
+        assert r.status_code == 200, r.text
+        assert r.headers["x-kvroute-decision"] == "pd_local_prefill"
+        assert r.headers["x-kvroute-worker"] in (ds[0].url, ds[1].url)
+    local = [e for d in ds for e in sim_log(d) if "killed both" in json.dumps(e)
+             or e.get("kv_transfer_params") is None]
+    assert all(e.get("kv_transfer_params") is None for e in local)
+    m = kv.metrics()
+    assert m.get("kvroute_pd_requests_total", model=SIM_MODEL, result="local_prefill") == 4
+    assert m.get("kvroute_pd_requests_total", model=SIM_MODEL, result="ok") == 4
+
+
+def test_sim_sglang_bootstrap(sim_factory, kvroute, tmp_path):
+    bport = free_port()
+    p = sim_factory("--time-scale", "0", "--role", "prefill", "--bootstrap-port", bport)
+    d = sim_factory("--time-scale", "0", "--role", "decode")
+    cfg = tmp_path / "kvroute.yaml"
+    cfg.write_text("""
+workers:
+  - {url: "%s", role: prefill, bootstrap_port: %d}
+  - {url: "%s", role: decode}
+routes:
+  - name: %s
+    pd: {mode: sglang}
+    targets: ["%s", "%s"]
+""" % (p.url, bport, d.url, SIM_MODEL, p.url, d.url))
+    kv = kvroute([], model=None, policy=None, health_interval_ms=0,
+                 extra=["--config", str(cfg)])
+    for stream in (False, True):
+        r = sim_chat(kv, "sglang %s" % stream, stream=stream,
+                     stream_options={"include_usage": True} if stream else None)
+        assert r.status_code == 200, r.text
+        assert r.headers["x-kvroute-worker"] == d.url
+        assert r.headers["x-kvroute-prefill-worker"] == p.url
+    pl, dl = sim_log(p), sim_log(d)
+    assert len(pl) == len(dl) == 2
+    for pe, de in zip(pl, dl):
+        assert pe["bootstrap_room"] == de["bootstrap_room"] is not None
+        assert pe["request_id"] == de["request_id"]
+        assert de["kv_transfer"]["result"] == "fetched"
+    assert d.metrics().get("kvroute_sim:kv_recomputed_requests_total") == 0
