@@ -1277,9 +1277,10 @@ static size_t exclude_full(preq *p, size_t *ex, size_t cap, size_t *nfull)
     if (p->pd != PD_DECODE)
         n = kvr_route_role_exclude(p->route, 0, ex, n, cap);
     size_t before = n;
-    for (size_t i = 0; i < p->route->ntargets && n < cap; i++) {
-        const kvr_worker *w = p->route->targets[i].worker;
-        if (p->route->pd && p->pd != PD_DECODE && w->role == KVR_ROLE_PREFILL)
+    const kvr_route *r = pick_route(p);
+    for (size_t i = 0; i < r->ntargets && n < cap; i++) {
+        const kvr_worker *w = r->targets[i].worker;
+        if (r->pd && p->pd != PD_DECODE && w->role == KVR_ROLE_PREFILL)
             continue; /* already out */
         if (w->max_inflight && (uint64_t)kvr_worker_load(w) >= w->max_inflight)
             ex[n++] = w->id;
