@@ -238,6 +238,7 @@ static void request_done(preq *p)
     f.decision = shown(p)->decision;
     f.match = shown(p)->decision ? shown(p)->match : -1;
     f.worker = p->w ? p->w->url : NULL;
+    f.prefill_worker = p->pd == PD_DECODE ? p->pf_w->url : NULL;
     f.attempt = p->ntried;
     f.status = p->final_status;
     f.start_mono_ns = p->start_ns;

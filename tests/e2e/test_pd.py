@@ -50,9 +50,10 @@ def one_call(workers):
 
 
 # ============================================================================ vLLM mode
-def test_vllm_json_one_prefill_one_decode(stub, kvroute):
+def test_vllm_json_one_prefill_one_decode(stub, kvroute, tmp_path):
     ps, ds = [stub(), stub()], [stub(), stub()]
-    kv = pd_kvroute(kvroute, ps, ds)
+    alog = tmp_path / "access.log"
+    kv = pd_kvroute(kvroute, ps, ds, extra=["--access-log", str(alog)])
     body = chat_body(content="tell me a story", max_tokens=50, min_tokens=3,
                      stream_options={"include_usage": True})
     r = kv.post("/v1/chat/completions", body, headers={"x-request-id": "pd-req-1"})
@@ -80,6 +81,13 @@ def test_vllm_json_one_prefill_one_decode(stub, kvroute):
     m = kv.metrics()
     assert m.get("kvroute_pd_requests_total", model=MODEL, result="ok") == 1
     assert m.get("kvroute_pd_prefill_seconds_count", model=MODEL) == 1
+    # the prefill's prompt tokens count under the prefill worker, the decode's completion
+    assert m.get("kvroute_prompt_tokens_total", model=MODEL, worker=pw.url) > 0
+    assert not m.get("kvroute_prompt_tokens_total", model=MODEL, worker=dw.url)
+    assert m.get("kvroute_completion_tokens_total", model=MODEL, worker=dw.url) == 5
+    kv.stop()
+    line = json.loads(alog.read_text().splitlines()[-1])
+    assert line["worker"] == dw.url and line["prefill_worker"] == pw.url
 
 
 def test_vllm_body_bytes_otherwise_identical(stub, kvroute):
