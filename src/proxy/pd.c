@@ -9,7 +9,7 @@
 #include "events/kvevents.h"
 #include "obs/status_stats.h"
 #include "util/buf.h"
-#include "util/fmt.h"
+#include "proxy/headers.h"
 #include "util/log.h"
 #include "util/rand.h"
 #include "util/time.h"
@@ -72,11 +72,7 @@ static void call_free(kvr_pd_call *c)
 /* Ends the attempt in flight: its slot, its kvroute_worker_requests_total{code}. */
 static void attempt_end(kvr_pd_call *c, int code)
 {
-    char s[KVR_FMT_U64_MAX];
-    kvr_fmt_u64(s, (uint64_t)(code < 0 ? 0 : code));
-    const char *lv[] = {c->w->url, s};
-    kvr_metric_inc(c->rq.app->m.worker_requests, lv, 1);
-    c->rq.hooks->slot_give(c->rq.app, c->w);
+    c->rq.hooks->attempt_count(c->rq.app, c->w, code);
     c->att = NULL;
 }
 
@@ -130,11 +126,7 @@ static int attempt_next(kvr_pd_call *c)
         c->nhdrs = 0;
         for (size_t i = 0; i < c->rq.nhdrs && c->nhdrs < MAX_HDRS - 1; i++)
             c->hdrs[c->nhdrs++] = c->rq.hdrs[i];
-        if (c->w->api_key) {
-            int n = snprintf(c->auth, sizeof(c->auth), "Bearer %s", c->w->api_key);
-            if (n > 0 && (size_t)n < sizeof(c->auth))
-                c->hdrs[c->nhdrs++] = (kvr_http_header){"Authorization", 13, c->auth, (size_t)n};
-        }
+        c->nhdrs += kvr_worker_authorization(c->w, c->auth, sizeof(c->auth), &c->hdrs[c->nhdrs]);
         if (build_body(c) < 0 ||
             kvr_worker_url(c->w, kvr_endpoint_path(c->rq.ep), c->url, sizeof(c->url)) < 0)
             continue;

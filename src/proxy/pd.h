@@ -26,8 +26,11 @@
 
 /** The proxy's accounting of attempts in flight (one unit per attempt, DESIGN §4 step 6). */
 typedef struct kvr_pd_hooks {
-    void (*slot_take)(kvr_worker *w);
-    void (*slot_give)(kvr_app *app, kvr_worker *w);
+    void (*slot_take)(kvr_worker *w);               /**< an attempt starts on `w` */
+    void (*slot_give)(kvr_app *app, kvr_worker *w); /**< ... could not start after all */
+    /** ... ended with status `code` (0 = no response): counted in
+     *  kvroute_worker_requests_total{worker,code}, its slot given back. */
+    void (*attempt_count)(kvr_app *app, kvr_worker *w, int code);
 } kvr_pd_hooks;
 
 /** What a prefill call is made of. Everything is borrowed until the call ends (its callback

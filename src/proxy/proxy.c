@@ -925,11 +925,7 @@ static void build_forward_headers(preq *p)
 static size_t attempt_headers(preq *p)
 {
     p->nfwd = p->nfixed;
-    if (p->w->api_key) {
-        int n = snprintf(p->auth, sizeof(p->auth), "Bearer %s", p->w->api_key);
-        if (n > 0 && (size_t)n < sizeof(p->auth))
-            p->fwd[p->nfwd++] = (kvr_http_header){"Authorization", 13, p->auth, (size_t)n};
-    }
+    p->nfwd += kvr_worker_authorization(p->w, p->auth, sizeof(p->auth), &p->fwd[p->nfwd]);
     if (p->tr.on)
         p->fwd[p->nfwd++] = (kvr_http_header){"traceparent", 11, p->tr.traceparent,
                                               KVR_TRACEPARENT_LEN};
@@ -1164,7 +1160,7 @@ void kvr_proxy_forward_pinned(kvr_app *app, kvr_http_req *r, kvr_route *route, k
     preq_start(p, NULL);
 }
 
-static const kvr_pd_hooks pd_hooks = {slot_take, slot_give};
+static const kvr_pd_hooks pd_hooks = {slot_take, slot_give, attempt_count};
 
 /* No prefill worker can take the request (`reason`: none eligible, or the last failure): a
  * decode (or both) worker prefills it itself, an ordinary request there. */

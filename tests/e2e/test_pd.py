@@ -262,6 +262,32 @@ def test_vllm_openai_node_client(stub, kvroute):
     assert dec[1]["stream"] is True and "kv_transfer_params" in dec[1]["body_json"]
 
 
+def test_vllm_config_file_worker_keys(stub, kvroute, tmp_path):
+    """Each call carries its own worker's key (never the client's), and the prefill worker gets
+    its target's upstream model name."""
+    p, d = stub(model="up-p"), stub(model="up-d")
+    (tmp_path / "p.key").write_text("prefill-secret\n")
+    (tmp_path / "d.key").write_text("decode-secret\n")
+    cfg = tmp_path / "kvroute.yaml"
+    cfg.write_text("""
+workers:
+  - {url: "%s", name: p0, role: prefill, api_key_file: "%s"}
+  - {url: "%s", name: d0, role: decode, api_key_file: "%s"}
+routes:
+  - name: pub
+    targets: [{worker: p0, model: up-p}, {worker: d0, model: up-d}]
+""" % (p.url, tmp_path / "p.key", d.url, tmp_path / "d.key"))
+    kv = kvroute([], model=None, policy=None, health_interval_ms=0,
+                 extra=["--config", str(cfg)])
+    r = kv.post("/v1/chat/completions", chat_body(model="pub"),
+                headers={"authorization": "Bearer client-key"})
+    assert r.status_code == 200, r.text
+    pe, de = p.proxied()[0], d.proxied()[0]
+    assert header_value(pe, "authorization") == "Bearer prefill-secret"
+    assert header_value(de, "authorization") == "Bearer decode-secret"
+    assert pe["body_json"]["model"] == "up-p" and de["body_json"]["model"] == "up-d"
+
+
 # ============================================================================ SGLang mode
 def test_sglang_same_room_concurrent(stub, kvroute, tmp_path):
     p, d = stub(), stub()
