@@ -374,6 +374,29 @@ static const char *apply_route_key(loader *l, const kvr_flag *f, void *target,
 
 /* A mapping of flags into `target`: `listen`, `admin`, `auth` (fixed `keys`, each naming one of
  * `flags` of the global table), or `defaults` (keys NULL: the route table's names). */
+/* `defaults: {pd: {mode, prefill_policy, decode_policy}}`: the route flags pd-mode,
+ * pd-prefill-policy and pd-decode-policy of every route's defaults (`target`). */
+static void pd_defaults(loader *l, const yaml_node_t *k, const yaml_node_t *m, void *target)
+{
+    if (!want(l, k, m, YAML_MAPPING_NODE))
+        return;
+    yaml_node_t *kk, *v;
+    EACH_PAIR(m, p) {
+        if (!pair(l, m, p, &kk, &v))
+            continue;
+        size_t i = 0;
+        while (i < COUNT(PD_KEYS) && !is(kk, PD_KEYS[i]))
+            i++;
+        const kvr_flag *f = i < COUNT(PD_KEYS)
+                                ? kvr_flags_find(l->route_flags, l->nroute_flags, PD_FLAGS[i])
+                                : NULL;
+        if (f)
+            apply_route_key(l, f, target, kk, v);
+        else
+            unknown(l, kk, PD_KEYS, COUNT(PD_KEYS), NULL, 0);
+    }
+}
+
 static void settings(loader *l, const yaml_node_t *k, const yaml_node_t *m, void *target,
                      const char *const *keys, const char *const *flags, size_t n)
 {
@@ -389,7 +412,9 @@ static void settings(loader *l, const yaml_node_t *k, const yaml_node_t *m, void
         const kvr_flag *f = !keys ? flag_for(kk, l->route_flags, l->nroute_flags)
                             : i < n ? kvr_flags_find(l->flags, l->nflags, flags[i])
                                     : NULL;
-        if (f && !keys)
+        if (!keys && is(kk, "pd"))
+            pd_defaults(l, kk, v, target);
+        else if (f && !keys)
             apply_route_key(l, f, target, kk, v);
         else if (f)
             apply(l, f, target, kk, v);

@@ -628,6 +628,15 @@ static void pd_file(void **state)
     assert_string_equal(r->settings[1].value, "round_robin");
     done(l);
 
+    l = load("defaults: {pd: {mode: sglang, prefill_policy: round_robin}}\n"
+             "workers: [http://a]\n");
+    kvr_errlist_print(&l->errs, stderr, "unexpected: ");
+    assert_int_equal(l->rc, 0);
+    assert_string_equal(l->c.route.pd_mode, "sglang");
+    assert_string_equal(l->c.route.prefill_policy, "round_robin");
+    assert_string_equal(l->c.route.decode_policy, "least_load");
+    done(l);
+
     l = load("workers:\n"
              "  - {url: http://a, role: prefil}\n"
              "  - {url: http://b, bootstrap_port: 0}\n"
