@@ -237,7 +237,15 @@ static void dbg_answer(dbg *d)
     size_t n = 0, nex = 0, exc[KVR_ADMIN_WORKERS_MAX];
     /* A disaggregated route's own policy picks its prefill worker among the prefill ones. */
     nex = kvr_route_role_exclude(rt, 1, exc, 0, sizeof(exc) / sizeof(exc[0]));
-    if (kvr_route_explain(rt, exc, nex, &d->keys.k, d->pin, d->pin_len, &pick, &ex, &n) < 0) {
+    int local = 0; /* no prefill worker: a decode worker would prefill it (pd_local_prefill) */
+    int rc = kvr_route_explain(rt, exc, nex, &d->keys.k, d->pin, d->pin_len, &pick, &ex, &n);
+    if (rc < 0 && rt->pd) {
+        local = 1;
+        nex = kvr_route_role_exclude(rt, 0, exc, 0, sizeof(exc) / sizeof(exc[0]));
+        rc = kvr_route_explain(rt, exc, nex, &d->keys.k, d->pin, d->pin_len, &pick, &ex, &n);
+        pick.decision = "pd_local_prefill";
+    }
+    if (rc < 0) {
         dbg_free(d);
         kvr_admin_reply_error(r, 503, "no eligible worker", NULL, 0);
         return;
@@ -263,7 +271,7 @@ static void dbg_answer(dbg *d)
                             pick.index, "session_key_bytes", (json_int_t)d->keys.k.session_len,
                             "routing_text_bytes", (json_int_t)d->keys.k.text_len,
                             "prompt_tokens", (json_int_t)d->keys.k.ntokens, "workers", rows);
-    if (rt->pd)
+    if (rt->pd && !local)
         json_object_set_new(out, "pd", pd_picks(rt, &pick, &d->keys.k));
     dbg_free(d);
     kvr_admin_reply(r, 200, out);

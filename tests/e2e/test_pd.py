@@ -211,7 +211,8 @@ def test_vllm_decode_failure_retried_with_same_params(stub, kvroute):
 def test_completions_and_debug_route(stub, kvroute):
     ps, ds = [stub()], [stub()]
     admin = free_port()
-    kv = pd_kvroute(kvroute, ps, ds, extra=["--admin-port", str(admin)])
+    kv = pd_kvroute(kvroute, ps, ds, extra=["--admin-port", str(admin)],
+                    health_interval_ms=200)  # a worker found gone is unhealthy at once
     r = kv.post("/v1/completions", {"model": MODEL, "prompt": "once", "max_tokens": 7})
     assert r.status_code == 200, r.text
     assert ps[0].proxied()[0]["body_json"]["max_tokens"] == 1
@@ -221,6 +222,12 @@ def test_completions_and_debug_route(stub, kvroute):
     assert d["pd"]["prefill"]["worker"] == ps[0].url
     assert d["pd"]["decode"]["worker"] == ds[0].url
     assert d["worker"] == ps[0].url
+    ps[0].kill()  # no prefill worker left: the request would prefill on the decode worker
+    r = kv.post("/v1/completions", {"model": MODEL, "prompt": "once", "max_tokens": 7})
+    assert r.status_code == 200 and r.headers["x-kvroute-decision"] == "pd_local_prefill"
+    d = httpx.post("http://127.0.0.1:%d/debug/route" % admin,
+                   json={"model": MODEL, "prompt": "once"}, timeout=5.0).json()
+    assert d["decision"] == "pd_local_prefill" and d["worker"] == ds[0].url and "pd" not in d
     rt = httpx.get("http://127.0.0.1:%d/routes" % admin, timeout=5.0).json()["routes"][0]
     assert rt["pd"] == {"mode": "vllm", "prefill_policy": "cache_aware",
                         "decode_policy": "least_load"}
