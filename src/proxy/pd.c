@@ -291,6 +291,8 @@ kvr_pd_call *kvr_pd_call_start(const kvr_pd_request *rq, kvr_pd_done_fn done, vo
         return NULL;
     }
     c->rq = *rq;
+    for (size_t i = 0; i < rq->nexclude && c->ntried < sizeof(c->tried) / sizeof(c->tried[0]); i++)
+        c->tried[c->ntried++] = rq->exclude[i];
     c->done = done;
     c->ud = ud;
     c->mode = rq->route->pd->mode;

@@ -48,6 +48,9 @@ typedef struct kvr_pd_request {
     size_t nhdrs;
     const kvr_route_keys *keys;   /**< the request's routing keys */
     const kvr_pd_hooks *hooks;
+    const size_t *exclude;        /**< prefill worker ids already tried for this request (an
+                                       SGLang pair started again); they count in its attempts */
+    size_t nexclude;
 } kvr_pd_request;
 
 /** How a prefill call ended. */
@@ -70,7 +73,8 @@ typedef void (*kvr_pd_done_fn)(void *ud, kvr_pd_result *res);
  *  `done` runs once, later (never from inside this function), unless it is cancelled first;
  *  or NULL when no attempt could start, with `*now` saying why (its reason
  *  "no_prefill_worker" when no prefill worker was eligible). SGLang: one attempt, no retry
- *  (the decode worker waits for that prefill's bootstrap room); its bootstrap is
+ *  here (the decode worker waits for that prefill's bootstrap room: the caller starts the
+ *  pair again, naming the failed worker in `exclude`); its bootstrap is
  *  kvr_pd_call_bootstrap()'s. */
 kvr_pd_call *kvr_pd_call_start(const kvr_pd_request *rq, kvr_pd_done_fn done, void *ud,
                                kvr_pd_result *now);

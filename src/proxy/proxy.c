@@ -113,6 +113,9 @@ typedef struct preq {
     kvr_worker *pf_w;     /* the prefill worker (taught; x-kvroute-prefill-worker) */
     kvr_pick pf_pick;     /* its pick: the request's decision */
     char *kvtp;           /* vLLM: the prefill answer's kv_transfer_params (JSON) */
+    size_t pf_tried[MAX_ATTEMPTS]; /* SGLang: prefill workers whose pair failed */
+    size_t npf_tried;
+    const char *pd_reason; /* ... and the last failure */
     kvr_pd_bootstrap bs;  /* SGLang: the bootstrap both calls carry ... */
     int has_bs;           /* ... when set */
     /* Not zeroed by preq_new (~7 KB a request would clear for nothing): each is written
@@ -1181,16 +1184,32 @@ static void pd_done(void *ud, kvr_pd_result *res)
     p->pd_call = NULL;
     if (p->route->pd->mode == KVR_PD_SGLANG) {
         /* The decode worker waits for this prefill's room: while nothing reached the client,
-         * it prefills itself instead (on another worker, decode is still a retry). */
-        if (res->ok || p->status || !p->att)
+         * the pair starts again with another prefill worker (a new room), or, when none is
+         * left, the decode worker prefills itself. */
+        if (res->ok || p->status)
+            return;
+        p->has_bs = 0;
+        p->pd_reason = res->reason;
+        if (p->waiter.queued) { /* its decode has not started: it is picked again anyway */
+            pd_local(p, res->reason);
+            return;
+        }
+        if (!p->att)
             return;
         kvr_upstream_cancel(p->att);
         kvr_app_attempt_abandon(p->app, p->w, p->trial);
         p->span_err = "prefill_failed";
         attempt_ended(p, 0);
-        p->has_bs = 0;
         p->ntried = 0;
-        pd_local(p, res->reason);
+        if (!res->client_error && p->npf_tried < MAX_ATTEMPTS &&
+            kvr_route_retry_allowed(p->route, p->app->cfg.retry_budget, kvr_now_ms())) {
+            p->pf_tried[p->npf_tried++] = res->worker->id;
+            const char *lv[] = {p->model, res->reason};
+            kvr_metric_inc(p->app->m.retries, lv, 1);
+            p->pd = 0; /* route_now: the prefill stage again */
+        } else {
+            pd_local(p, res->reason);
+        }
         route_now(p);
         return;
     }
@@ -1215,11 +1234,13 @@ static int pd_begin(preq *p)
     kvr_pd_request rq = {.app = p->app, .route = p->route, .ep = p->ep, .body = body,
                          .len = len, .client_model = p->client_model, .model = p->model,
                          .hdrs = p->fwd, .nhdrs = p->nfixed, .keys = &p->keys.k,
-                         .hooks = &pd_hooks};
+                         .hooks = &pd_hooks, .exclude = p->pf_tried,
+                         .nexclude = p->npf_tried};
     kvr_pd_result now;
     p->pd_call = kvr_pd_call_start(&rq, pd_done, p, &now);
-    if (!p->pd_call) {
-        pd_local(p, now.reason);
+    if (!p->pd_call) { /* after a failed SGLang pair, that failure is the reason */
+        pd_local(p, p->pd_reason && !strcmp(now.reason, "no_prefill_worker") ? p->pd_reason
+                                                                              : now.reason);
         return 0;
     }
     if (p->route->pd->mode == KVR_PD_VLLM)

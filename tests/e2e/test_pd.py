@@ -340,6 +340,40 @@ routes:
     assert "bootstrap_room" not in last and last["messages"][0]["content"] == "sg alone"
 
 
+def test_sglang_prefill_failure_restarts_the_pair(stub, kvroute, tmp_path):
+    """A prefill worker gone: the decode call waiting for its room is cancelled and the pair
+    starts again on the other prefill worker with a new room."""
+    ps, d = [stub(), stub()], stub()
+    cfg = tmp_path / "kvroute.yaml"
+    cfg.write_text("""
+workers:
+  - {url: "%s", role: prefill}
+  - {url: "%s", role: prefill}
+  - {url: "%s", role: decode}
+routes:
+  - name: %s
+    pd: {mode: sglang}
+    targets: ["%s", "%s", "%s"]
+""" % (ps[0].url, ps[1].url, d.url, MODEL, ps[0].url, ps[1].url, d.url))
+    kv = kvroute([], model=None, policy=None, health_interval_ms=0,
+                 extra=["--config", str(cfg), "--breaker-failures", "0"])
+    ps[0].kill()
+    for i in range(8):
+        r = kv.post("/v1/chat/completions", chat_body(content="pair %d" % i),
+                    headers={"x-stub-mode": "delay:200", "x-session-id": "s%d" % i})
+        assert r.status_code == 200, r.text
+        assert r.headers["x-kvroute-prefill-worker"] == ps[1].url
+        # the answer's decode call carried the room the live prefill worker got
+        rooms = {e["body_json"]["bootstrap_room"] for e in ps[1].proxied()
+                 if e["body_json"]["messages"][0]["content"] == "pair %d" % i}
+        last = [e for e in d.proxied() if e["body_json"]["messages"][0]["content"] ==
+                "pair %d" % i][-1]
+        assert rooms == {last["body_json"]["bootstrap_room"]}
+    m = kv.metrics()
+    assert m.get("kvroute_pd_requests_total", model=MODEL, result="ok") == 8
+    assert sum(v for lb, v in m.find("kvroute_retries_total")) >= 1, "never tried the dead one"
+
+
 # ============================================================================ configuration
 def test_check_refuses_prefill_without_decode(stub, tmp_path):
     cfg = tmp_path / "kvroute.yaml"
