@@ -261,7 +261,7 @@ static void request_done(preq *p)
         attempt_span_close(p);
         kvr_span_server(p->app->otlp, &p->tr, &f);
     }
-    if (p->pd) {
+    if (p->pd || p->pd_call) { /* (a request ended during its prefill stage counts too) */
         const char *lv[] = {p->model, p->final_status / 100 != 2 ? "error"
                                       : p->pd == PD_LOCAL    ? "local_prefill"
                                                              : "ok"};

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from conftest import (E2E_DIR, KVROUTE_BIN, MODEL, chat_body, free_port, header_value,
-                      parse_sse)
+                      parse_sse, wait_until)
 
 NIXL_PREFILL = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
                 "remote_block_ids": None, "remote_host": None, "remote_port": None}
@@ -206,6 +206,22 @@ def test_vllm_decode_failure_retried_with_same_params(stub, kvroute):
     assert failed, "no request tried the failing decode worker first"
     for e in failed:
         assert e["body_json"]["kv_transfer_params"] == ok[header_value(e, "x-request-id")]
+
+
+def test_vllm_client_gone_during_prefill(stub, kvroute):
+    """A client that leaves while its prefill runs: the prefill call is cancelled (the worker
+    sees the disconnect), no decode call is made, nothing stays in flight."""
+    ps, ds = [stub()], [stub()]
+    ps[0].config(mode="delay:3000")
+    kv = pd_kvroute(kvroute, ps, ds)
+    with pytest.raises(httpx.TimeoutException):
+        kv.post("/v1/chat/completions", chat_body(content="bye"), timeout=0.5)
+    wait_until(lambda: ps[0].proxied() and ps[0].proxied()[0]["client_gone"], 5,
+         what="the prefill worker saw kvroute go")
+    assert ds[0].proxied() == []
+    kv.wait_inflight_zero()
+    m = kv.metrics()
+    assert m.get("kvroute_pd_requests_total", model=MODEL, result="error") == 1
 
 
 def test_completions_and_debug_route(stub, kvroute):
