@@ -191,6 +191,32 @@ def test_vllm_prefill_5xx_retried(stub, kvroute):
         assert r.headers["x-kvroute-prefill-worker"] == ps[1].url
 
 
+def test_vllm_prefill_answer_over_the_bound(stub, kvroute):
+    ps, ds = [stub()], [stub()]
+    ps[0].config(kv_transfer_params={"do_remote_prefill": True,
+                                     "remote_block_ids": list(range(3000))})
+    kv = pd_kvroute(kvroute, ps, ds, extra=["--pd-max-prefill-bytes", "4096"])
+    r = kv.post("/v1/chat/completions", chat_body(content="big"))
+    assert r.status_code == 200, r.text
+    assert r.headers["x-kvroute-decision"] == "pd_local_prefill"
+    assert kv.metrics().get("kvroute_pd_fallbacks_total", model=MODEL, reason="too_large") == 1
+
+
+def test_vllm_prefill_4xx_not_retried(stub, kvroute):
+    """A 4xx says the request is wrong, not the worker: no other prefill worker is tried; the
+    decode worker gets the request as it is and its answer is the client's."""
+    ps, ds = [stub(), stub()], [stub()]
+    for p in ps:
+        p.config(mode="fail:400")
+    kv = pd_kvroute(kvroute, ps, ds)
+    r = kv.post("/v1/chat/completions", chat_body(content="bad"))
+    assert r.status_code == 200, r.text
+    assert r.headers["x-kvroute-decision"] == "pd_local_prefill"
+    assert len(ps[0].proxied()) + len(ps[1].proxied()) == 1
+    m = kv.metrics()
+    assert m.get("kvroute_pd_fallbacks_total", model=MODEL, reason="http_400") == 1
+
+
 def test_vllm_decode_failure_retried_with_same_params(stub, kvroute):
     ps, ds = [stub()], [stub(), stub()]
     ds[0].config(mode="fail:503")
