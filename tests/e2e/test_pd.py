@@ -337,6 +337,31 @@ routes:
     assert pe["body_json"]["model"] == "up-p" and de["body_json"]["model"] == "up-d"
 
 
+def test_prefill_worker_added_at_run_time(stub, kvroute):
+    """POST /workers with role prefill makes the route disaggregated; removing it makes the
+    route ordinary again."""
+    p, d = stub(), stub()
+    admin = free_port()
+    kv = pd_kvroute(kvroute, [], [d], extra=["--admin-port", str(admin)])
+    base = "http://127.0.0.1:%d" % admin
+    r = kv.post("/v1/chat/completions", chat_body(content="before"))
+    assert r.status_code == 200 and "x-kvroute-prefill-worker" not in r.headers
+    a = httpx.post(base + "/workers", json={"url": p.url, "name": "p0", "role": "prefill",
+                                            "bootstrap_port": 9100}, timeout=5.0)
+    assert a.status_code == 201, a.text
+    assert a.json()["role"] == "prefill"
+    r = kv.post("/v1/chat/completions", chat_body(content="after"))
+    assert r.status_code == 200, r.text
+    assert r.headers["x-kvroute-prefill-worker"] == p.url
+    assert p.proxied()[0]["body_json"]["max_tokens"] == 1
+    bad = httpx.post(base + "/workers", json={"url": "http://127.0.0.1:1", "role": "prefill",
+                                              "bootstrap_port": 0}, timeout=5.0)
+    assert bad.status_code == 400 and "bootstrap_port" in bad.text
+    assert httpx.delete(base + "/workers/p0", timeout=5.0).status_code in (200, 204)
+    r = kv.post("/v1/chat/completions", chat_body(content="gone"))
+    assert r.status_code == 200 and "x-kvroute-prefill-worker" not in r.headers
+
+
 # ============================================================================ SGLang mode
 def test_sglang_same_room_concurrent(stub, kvroute, tmp_path):
     p, d = stub(), stub()
