@@ -79,6 +79,8 @@ static json_t *worker_row(kvr_app *app, const kvr_worker *w, uint64_t now)
                           "kv_usage", w->kv_usage, "kv_tokens", (json_int_t)w->kv_tokens,
                           "routes", routes);
     json_object_set_new(o, "lmcache", worker_lmcache(w, now));
+    if (w->role == KVR_ROLE_PREFILL) /* what SGLang-mode requests name as bootstrap_port */
+        json_object_set_new(o, "bootstrap_port", json_integer(w->bootstrap_port));
     if (app->kv && kvr_kv_events_configured(app->kv, w->id)) {
         kvr_kv_worker_stats ks;
         kvr_kv_index_worker_stats(kvr_kv_events_index(app->kv), w->id, &ks);

@@ -17,9 +17,10 @@
  *  "prefill", "decode"), source ("config", or "api" for a worker added at run time),
  *  eligible, healthy, breaker ("closed", "open" or "half_open"), draining, inflight,
  *  requests, index_blocks, index_capacity, sessions (summed over its routes), queue, running,
- *  kv_usage, kv_tokens, routes:[route names], lmcache, kv_events, kv_blocks?}.
+ *  kv_usage, kv_tokens, routes:[route names], lmcache, kv_events, kv_blocks?, bootstrap_port
+ *  (prefill workers only)}.
  *  POST /workers with {"url", "name"?, "weight"?, "routes"?: [route names or aliases],
- *  "role"?} adds a worker (kvr_app_add_worker) → 201 and its row. Without `routes` and without
+ *  "role"?, "bootstrap_port"?} adds a worker (kvr_app_add_worker) → 201 and its row. Without `routes` and without
  *  --model, the worker's /v1/models is read first (KVR_ADMIN_MODELS_TIMEOUT_MS; 502 when it
  *  cannot be). 400 for a malformed body (kvr_admin_worker_parse), 409 when its URL or name is
  *  taken (a name may not be another worker's URL either) or the fleet is full, 422 when the

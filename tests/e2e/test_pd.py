@@ -349,7 +349,7 @@ def test_prefill_worker_added_at_run_time(stub, kvroute):
     a = httpx.post(base + "/workers", json={"url": p.url, "name": "p0", "role": "prefill",
                                             "bootstrap_port": 9100}, timeout=5.0)
     assert a.status_code == 201, a.text
-    assert a.json()["role"] == "prefill"
+    assert a.json()["role"] == "prefill" and a.json()["bootstrap_port"] == 9100
     r = kv.post("/v1/chat/completions", chat_body(content="after"))
     assert r.status_code == 200, r.text
     assert r.headers["x-kvroute-prefill-worker"] == p.url
