@@ -600,3 +600,28 @@ routes:
         assert pe["request_id"] == de["request_id"]
         assert de["kv_transfer"]["result"] == "fetched"
     assert d.metrics().get("kvroute_sim:kv_recomputed_requests_total") == 0
+
+
+def test_sim_vllm_openai_node_client(sim_factory, kvroute):
+    """openai@6 over a disaggregated kvroute-sim fleet: both answers intact, each request one
+    prefill call and one decode call that fetched the prefill's blocks."""
+    node = shutil.which("node")
+    js = E2E_DIR / "js"
+    assert node and (js / "node_modules" / "openai").is_dir(), "node or openai@6 missing"
+    ps, ds = sim_fleet(sim_factory, 2, 2)
+    kv = pd_kvroute(kvroute, ps, ds, model=SIM_MODEL)
+    p = subprocess.run([node, str(js / "openai_client.mjs"), kv.url + "/v1", SIM_MODEL],
+                       cwd=str(js), capture_output=True, timeout=60, text=True)
+    lines = [json.loads(ln) for ln in p.stdout.splitlines() if ln.strip().startswith("{")]
+    steps = {o["step"]: o for o in lines}
+    assert p.returncode == 0, "openai client failed: %r; %s" % (lines[-1:], p.stderr[-2000:])
+    assert steps["chat"]["content"] and steps["chat"]["usage"]["completion_tokens"] == 8
+    assert steps["chat"]["worker"] in (ds[0].url, ds[1].url)
+    assert steps["stream"]["content"] and steps["stream"]["usage"]["completion_tokens"] > 0
+    assert steps["stream"]["finish_reason"] in ("stop", "length")
+    pre = [e for w in ps for e in sim_log(w)]
+    dec = [e for w in ds for e in sim_log(w)]
+    assert len(pre) == 2 and len(dec) == 2
+    assert all(e["max_tokens"] == 1 and e["stream"] is False for e in pre)
+    assert sorted(e["request_id"] for e in pre) == sorted(e["request_id"] for e in dec)
+    assert all(e["kv_transfer"]["result"] == "fetched" for e in dec)
