@@ -112,6 +112,9 @@ FUZZ_BINS   := $(FUZZ_SRCS:fuzz/%.c=build-fuzz/%)
 ifeq ($(BUILD),build-fuzz)
 $(BUILD)/fuzz_%: fuzz/fuzz_%.c $(BUILD)/libkvr.a
 	$(CC) $(KVR_CFLAGS) -g -O1 -fsanitize=fuzzer,address,undefined -o $@ $^ $(LDLIBS)
+# fuzz/fuzz_sim_<target>.c: a parser of kvroute-sim's, linked with the simulator's objects
+$(BUILD)/fuzz_sim_%: fuzz/fuzz_sim_%.c $(filter-out $(BUILD)/obj/sim/main.o,$(SIM_OBJS)) $(BUILD)/libkvr.a
+	$(CC) $(KVR_CFLAGS) -Isim -g -O1 -fsanitize=fuzzer,address,undefined -o $@ $^ $(LDLIBS)
 endif
 
 fuzz-build:

@@ -80,7 +80,7 @@ typedef struct sim_req {
     kvr_sim_pd_part part;     /* the part this sim plays in it */
     uint32_t *prompt;         /* prefill: the prompt, to hold its blocks at the first token */
     int held;                 /* prefill: the hold was attempted */
-    long held_blocks;         /* prefill: blocks held (0: the parameters were dropped) */
+    long held_blocks;         /* prefill: blocks held; -2: parameters dropped (fault) */
     kvr_buf kvparams;         /* prefill: the answer's kv_transfer_params object */
     kvr_sim_pd_fetch *fetch;  /* decode: the transfer, then the blocks it holds */
     int fetch_pending;        /* decode: waiting for the transfer before the engine */
@@ -722,8 +722,7 @@ static void hold_prompt(sim_req *r)
         json_object_set_new(r->log, "kv_transfer",
                             json_pack("{s:s,s:I,s:b}", "role", "prefill", "held_blocks",
                                       (json_int_t)(r->held_blocks > 0 ? r->held_blocks : 0),
-                                      "params_dropped", r->held_blocks == 0 && !r->kvparams.len &&
-                                                            r->xp.do_remote_decode));
+                                      "params_dropped", r->held_blocks == -2));
 }
 
 static void on_token(void *ud, kvr_sim_seq *seq, uint32_t id, size_t idx, int last)
@@ -804,7 +803,9 @@ static void log_finished(sim_req *r, const kvr_sim_seq_info *in)
              "kv_blocks=%zu recomputed=%s prompt_tokens=%zu cached_tokens=%zu",
              r->id, r->xrid ? r->xrid : "", r->eng->rank,
              r->part == KVR_SIM_PD_PREFILL ? "prefill" : "decode",
-             r->part == KVR_SIM_PD_PREFILL ? (r->held_blocks > 0 ? "held" : "none")
+             r->part == KVR_SIM_PD_PREFILL ? (r->held_blocks >= 0    ? "held"
+                                              : r->held_blocks == -2 ? "dropped"
+                                                                     : "none")
                                            : xr[r->xfer_result],
              r->part == KVR_SIM_PD_PREFILL ? (size_t)(r->held_blocks > 0 ? r->held_blocks : 0)
                                            : r->xfer_blocks,
@@ -1939,10 +1940,11 @@ static json_t *rank_stats(const kvr_sim_engine *e)
  * each rank's own under "ranks". */
 static void stats(kvr_sim_api *api, kvr_http_req *req)
 {
-    json_t *j = json_pack("{s:s,s:I,s:I,s:I}", "model", api->model, "delayed",
+    json_t *j = json_pack("{s:s,s:I,s:I,s:I,s:s}", "model", api->model, "delayed",
                           (json_int_t)api->ndelayed, "block_size",
                           (json_int_t)kvr_sim_kv_block_size(api->eng[0].kv),
-                          "data_parallel_size", (json_int_t)api->neng);
+                          "data_parallel_size", (json_int_t)api->neng, "role",
+                          kvr_sim_role_name(kvr_sim_pd_role(api->pd)));
     json_t *ranks = json_array();
     for (size_t i = 0; i < api->neng; i++) {
         json_t *r = rank_stats(&api->eng[i]);

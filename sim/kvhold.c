@@ -80,8 +80,10 @@ int kvr_sim_hold_put(kvr_sim_hold *h, const char *key, kvr_sim_kv *kv, int rank,
         drop(h, 0);
         h->evicted++;
     }
-    memcpy(x.blocks, blocks, n * sizeof(uint32_t));
-    memcpy(x.tokens, tokens, ntok * sizeof(uint32_t));
+    if (n) {
+        memcpy(x.blocks, blocks, n * sizeof(uint32_t));
+        memcpy(x.tokens, tokens, ntok * sizeof(uint32_t));
+    }
     kvr_sim_kv_touch(kv, blocks, n);
     h->e[h->n++] = x;
     h->blocks += n;

@@ -115,6 +115,11 @@ kvr_sim_pd *kvr_sim_pd_new(uv_loop_t *loop, const kvr_sim_pd_cfg *cfg, kvr_metri
     return pd;
 }
 
+kvr_sim_role kvr_sim_pd_role(const kvr_sim_pd *pd)
+{
+    return pd->cfg.role;
+}
+
 void kvr_sim_pd_set_port(kvr_sim_pd *pd, int port)
 {
     pd->port = port;
@@ -127,11 +132,15 @@ kvr_sim_pd_part kvr_sim_pd_part_of(const kvr_sim_pd *pd, const kvr_sim_xfer_para
         return KVR_SIM_PD_PREFILL;
     if (p->do_remote_prefill && role != KVR_SIM_ROLE_PREFILL)
         return KVR_SIM_PD_DECODE;
-    if (p->has_room && role == KVR_SIM_ROLE_PREFILL)
-        return KVR_SIM_PD_PREFILL;
-    if (p->has_room && role == KVR_SIM_ROLE_DECODE)
-        return KVR_SIM_PD_DECODE;
-    return KVR_SIM_PD_NONE;
+    if (!p->has_room)
+        return KVR_SIM_PD_NONE;
+    /* SGLang sends both workers the same fields; a `both` sim is the prefill when the
+     * handshake address is its own bootstrap port, the decode otherwise */
+    if (role == KVR_SIM_ROLE_BOTH)
+        return pd->cfg.bootstrap_port && p->bootstrap_port == pd->cfg.bootstrap_port
+                   ? KVR_SIM_PD_PREFILL
+                   : KVR_SIM_PD_DECODE;
+    return role == KVR_SIM_ROLE_PREFILL ? KVR_SIM_PD_PREFILL : KVR_SIM_PD_DECODE;
 }
 
 /* ---- holds and their expiry ---- */
@@ -270,7 +279,7 @@ long kvr_sim_pd_hold(kvr_sim_pd *pd, const kvr_sim_xfer_params *p, const char *r
         count(pd->dropped, NULL, 1);
         KVR_WARN("msg=\"kv_transfer_params dropped (fault kv_params_drop_rate)\" key=\"%s\"",
                  key);
-        return 0;
+        return -2;
     }
     uint32_t bs = kvr_sim_kv_block_size(e->kv);
     size_t nfull = ntok / bs;

@@ -3,7 +3,8 @@
  * short:
  *
  * - Prefill side (role prefill or both, a request with kv_transfer_params.do_remote_decode;
- *   or role prefill and a bootstrap_room): once the prompt is computed (first token) the
+ *   or role prefill and a bootstrap_room; or role both and a bootstrap_port that is its own
+ *   --bootstrap-port): once the prompt is computed (first token) the
  *   prompt's full blocks are held (kvhold.h) under the response id (vLLM) or the room
  *   (SGLang), and a vLLM-mode JSON answer carries kv_transfer_params {do_remote_prefill: true,
  *   do_remote_decode: false, remote_engine_id, remote_block_ids, remote_host, remote_port,
@@ -11,8 +12,8 @@
  * - Transfer: GET /sim/kv_transfer/<remote_request_id> or /sim/bootstrap/<room> (kvxfer.h),
  *   answered from the hold (which then ends), or, with ?wait_ms=N, as soon as it exists
  *   within N ms (SGLang's decode asks before its prefill has finished); 404 otherwise.
- * - Decode side (role decode or both and do_remote_prefill; or role decode and a
- *   bootstrap_room): before the request enters the scheduler the sim fetches the blocks over
+ * - Decode side (role decode or both and do_remote_prefill; or role decode, or both with
+ *   another bootstrap_port, and a bootstrap_room): before the request enters the scheduler the sim fetches the blocks over
  *   loopback HTTP (async on the loop, bounded by --kv-transfer-timeout-ms), checks they are
  *   its prompt's, caches them as computed blocks of the serving rank (BlockStored events go
  *   out as for any computed block) and holds them until the request ends, then waits
@@ -61,6 +62,8 @@ typedef struct kvr_sim_pd_cfg {
     const char *host;             /**< this sim's HTTP address (remote_host; a wildcard
                                        address is answered as 127.0.0.1) */
     uint32_t max_blocks;          /**< blocks a transfer may carry (the longest prompt's) */
+    int bootstrap_port;           /**< --bootstrap-port (0 = none): a `both` sim given
+                                       bootstrap fields naming it is the prefill */
 } kvr_sim_pd_cfg;
 
 typedef struct kvr_sim_pd kvr_sim_pd;
@@ -69,6 +72,8 @@ typedef struct kvr_sim_pd kvr_sim_pd;
  *  OOM. */
 kvr_sim_pd *kvr_sim_pd_new(uv_loop_t *loop, const kvr_sim_pd_cfg *cfg, kvr_metrics *reg,
                            kvr_sim_faults *faults);
+/** The role this sim plays (--role). */
+kvr_sim_role kvr_sim_pd_role(const kvr_sim_pd *pd);
 /** The HTTP port this sim answers on (remote_port), once bound. */
 void kvr_sim_pd_set_port(kvr_sim_pd *pd, int port);
 /** Shutdown while the loop runs: ends fetches in flight (their requests must have been
@@ -84,7 +89,7 @@ kvr_sim_pd_part kvr_sim_pd_part_of(const kvr_sim_pd *pd, const kvr_sim_xfer_para
 /** Prefill side, once the prompt (`ntok` ids) is computed on rank `e`: holds its full blocks
  *  under `request_id` (vLLM) or the room (SGLang, `p` has a room and no do_remote_decode),
  *  answers fetches already waiting for them, and for vLLM mode appends the response's
- *  kv_transfer_params object to `params_out`. Returns the blocks held, 0 when the
+ *  kv_transfer_params object to `params_out`. Returns the blocks held (>= 0), -2 when the
  *  kv_params_drop_rate fault dropped them (nothing held or appended), -1 on OOM. */
 long kvr_sim_pd_hold(kvr_sim_pd *pd, const kvr_sim_xfer_params *p, const char *request_id,
                      const kvr_sim_engine *e, const uint32_t *prompt, size_t ntok,

@@ -137,7 +137,8 @@ int kvr_sim_run(const kvr_sim_config *c)
                          .time_scale = c->time_scale,
                          .transfer_timeout_ms = c->kv_transfer_timeout_ms,
                          .host = c->host,
-                         .max_blocks = c->max_model_len / c->block_size + 1};
+                         .max_blocks = c->max_model_len / c->block_size + 1,
+                         .bootstrap_port = c->bootstrap_port};
     s.pd = kvr_sim_pd_new(&s.loop, &pc, s.reg, &s.faults);
     kvr_sim_api_cfg ac = {.model = c->model,
                           .max_model_len = c->max_model_len,

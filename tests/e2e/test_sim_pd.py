@@ -468,11 +468,12 @@ def test_request_log_is_bounded_and_clears(sim_factory):
 
 # ---- prefill/decode: SGLang's bootstrap handshake (concurrent)
 
-def test_bootstrap_decode_waits_for_prefill(sim_factory):
+@pytest.mark.parametrize("roles", [("prefill", "decode"), ("both", "both")])
+def test_bootstrap_decode_waits_for_prefill(sim_factory, roles):
     import threading
     bport = free_port()
-    prefill = sim_factory("--time-scale", "0", "--role", "prefill", "--bootstrap-port", bport)
-    decode = sim_factory("--time-scale", "0", "--role", "decode")
+    prefill = sim_factory("--time-scale", "0", "--role", roles[0], "--bootstrap-port", bport)
+    decode = sim_factory("--time-scale", "0", "--role", roles[1])
     boot = {"bootstrap_host": "127.0.0.1", "bootstrap_port": bport,
             "bootstrap_room": 2 ** 62 + 7}
     out = {}
@@ -512,3 +513,73 @@ def test_bootstrap_room_never_prefilled_recomputes(sim_factory):
     assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     assert time.monotonic() - t0 < 5
     assert metric(decode, "kvroute_sim:kv_recomputed_requests_total") == 1
+
+
+def test_decode_announces_transferred_blocks(sim_factory):
+    """The blocks a decode receives enter its prefix cache like computed ones: one BlockStored
+    with the prompt's tokens, before the decode's own blocks."""
+    port = free_port()
+    prefill = sim_factory("--time-scale", "0", "--role", "prefill")
+    decode = sim_factory("--time-scale", "0", "--role", "decode",
+                         "--kv-events-endpoint", "tcp://*:%d" % port)
+    ctx = zmq.Context()
+    try:
+        sock = _subscriber(ctx, "tcp://127.0.0.1:%d" % port)
+        _warm_up_sub(decode, [sock], lambda k: None)
+        params = prefill_then(prefill, "pd-ev")["kv_transfer_params"]
+        n = len(params["remote_block_ids"])
+        post(decode, chat_req(kv_transfer_params=params, max_tokens=1), "pd-ev")
+        got = _stored_batches(sock, 1)
+        stored = [ev for _, p in got for ev in p[1] if ev[0] == "BlockStored"]
+        # one event for the blocks the decode lacked: the warm-up cached the system prompt's
+        # leading blocks already, so the new run starts after them, with a parent
+        assert stored
+        k = n - len(stored[0][1])
+        assert 0 < k < n and stored[0][2] is not None
+        toks = decode.tokenize(model=MODEL, messages=[SYSTEM, {"role": "user", "content": LONG}])
+        assert stored[0][3] == toks[k * 16:n * 16]
+    finally:
+        ctx.destroy(linger=0)
+
+
+def test_dp_ranks_behave_exactly_like_separate_sims(sim_factory):
+    """Rank r of a --data-parallel-size 4 sim answers a request sequence with the same cached
+    tokens as a separate sim of the same --kv-blocks given the same sequence, evictions
+    included: the ranks share nothing that changes caching."""
+    flags = ("--time-scale", "0", "--kv-blocks", "64")
+    dp = sim_factory(*flags, "--data-parallel-size", "4")
+    singles = [sim_factory(*flags) for _ in range(4)]
+    import random
+    rnd = random.Random(7)
+    convs = {s: [SYSTEM] for s in range(10)}
+    got_dp, got_single = [], []
+    for i in range(60):
+        s = rnd.randrange(10)
+        convs[s].append({"role": "user", "content": "turn %d of session %d: %s" % (
+            i, s, "words " * rnd.randrange(5, 40))})
+        body = {"model": MODEL, "max_tokens": 6, "messages": convs[s]}
+        rank = s % 4
+        a = dp.client.post("/v1/chat/completions", json=body,
+                           headers={"X-data-parallel-rank": str(rank)}).json()
+        b = singles[rank].client.post("/v1/chat/completions", json=body).json()
+        got_dp.append(cached(a))
+        got_single.append(cached(b))
+        convs[s].append({"role": "assistant", "content": a["choices"][0]["message"]["content"]})
+    assert got_dp == got_single
+    assert sum(got_dp) > 0
+    st = dp.stats()
+    assert sum(r["evictions"] for r in st["ranks"]) == sum(x.stats()["evictions"] for x in singles)
+    assert st["evictions"] > 0
+
+
+def test_nixl_text_completions(pd_pair):
+    prefill, decode = pd_pair
+    body = {"model": MODEL, "prompt": LONG, "max_tokens": 1, "stream": False,
+            "kv_transfer_params": PREFILL_PARAMS}
+    ans = prefill.client.post("/v1/completions", json=body).json()
+    params = ans["kv_transfer_params"]
+    assert ans["object"] == "text_completion" and params["remote_block_ids"]
+    body.update(max_tokens=4, kv_transfer_params=params)
+    r = decode.client.post("/v1/completions", json=body).json()
+    assert r["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    assert requests_log(decode)[-1]["path"] == "/v1/completions"

@@ -338,6 +338,63 @@ static void test_bad_endpoint_reports_error(void **state)
     assert_int_equal(uv_loop_close(&loop), 0);
 }
 
+/* Several data-parallel ranks on one publisher (--kv-events-dp shared): each rank's events go
+ * into its own batch, flushed on its own step, numbered in one sequence and carrying its rank
+ * as data_parallel_rank (the payload's last element). */
+static void test_shared_publisher_ranks(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/kvr-sim-ev-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char ep[128];
+    snprintf(ep, sizeof(ep), "ipc://%s/pub", dir);
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    kvr_sim_events_cfg cfg = {.endpoint = ep, .hwm = 1000, .buffer_steps = 4,
+                              .buffer_bytes = 1 << 20, .max_batch_bytes = 1 << 20,
+                              .dp_rank = 0, .nranks = 3};
+    char err[256];
+    kvr_sim_events *ev = kvr_sim_events_new(&loop, &cfg, err, sizeof(err));
+    assert_non_null(ev);
+    void *ctx = zmq_ctx_new();
+    void *sub = zmq_socket(ctx, ZMQ_SUB);
+    zmq_setsockopt(sub, ZMQ_SUBSCRIBE, "", 0);
+    assert_int_equal(zmq_connect(sub, ep), 0);
+    usleep(200 * 1000); /* PUB/SUB slow joiner */
+
+    kvr_sim_kv_sink s1, s2;
+    kvr_sim_events_sink_rank(ev, 1, &s1);
+    kvr_sim_events_sink_rank(ev, 2, &s2);
+    s2.removed(s2.ud, 7);
+    s1.removed(s1.ud, 9);
+    kvr_sim_events_flush_rank(ev, 0); /* rank 0 has nothing: no batch */
+    kvr_sim_events_flush_rank(ev, 1);
+    kvr_sim_events_flush_rank(ev, 2);
+    assert_int_equal(kvr_sim_events_next_seq(ev), 2);
+    unsigned char want_rank[2] = {1, 2};
+    for (int i = 0; i < 2; i++) {
+        zmq_msg_t parts[4];
+        int n = recv_parts(sub, parts, 4, 2000);
+        assert_int_equal(n, 3);
+        assert_int_equal(be64(&parts[1]), (uint64_t)i);
+        const unsigned char *p = zmq_msg_data(&parts[2]);
+        size_t len = zmq_msg_size(&parts[2]);
+        assert_int_equal(p[0], 0x93);                /* [ts, events, rank] */
+        assert_int_equal(p[len - 1], want_rank[i]); /* positive fixint rank */
+        for (int k = 0; k < n; k++)
+            zmq_msg_close(&parts[k]);
+    }
+    zmq_close(sub);
+    zmq_ctx_term(ctx);
+    kvr_sim_events_close(ev);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    assert_int_equal(uv_loop_close(&loop), 0);
+    char path[160];
+    snprintf(path, sizeof(path), "%s/pub", dir);
+    unlink(path);
+    rmdir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -347,6 +404,7 @@ int main(void)
         cmocka_unit_test(test_batch_cap_drops_whole_events),
         cmocka_unit_test(test_publish_and_replay),
         cmocka_unit_test(test_bad_endpoint_reports_error),
+        cmocka_unit_test(test_shared_publisher_ranks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
