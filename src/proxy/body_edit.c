@@ -1,6 +1,7 @@
 /* Top-level member edits over a client's JSON bytes (see body_edit.h). */
 #include "proxy/body_edit.h"
 
+#include <jansson.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -68,4 +69,19 @@ int kvr_body_edit_apply(const char *body, size_t len, const kvr_body_edit *e, si
     }
     ok &= kvr_buf_append(out, body + prev_end, len - prev_end) == 0;
     return ok ? 0 : -1;
+}
+
+int kvr_body_edit_model(const char *target_model, const char *client_model, char **enc,
+                        kvr_body_edit *e)
+{
+    *enc = NULL;
+    if (!client_model || strcmp(target_model, client_model) == 0)
+        return 0;
+    json_t *s = json_string(target_model);
+    *enc = s ? json_dumps(s, JSON_ENCODE_ANY) : NULL;
+    json_decref(s);
+    if (!*enc)
+        return -1;
+    *e = (kvr_body_edit){"model", *enc, strlen(*enc), 1};
+    return 1;
 }

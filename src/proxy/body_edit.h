@@ -28,4 +28,12 @@ typedef struct kvr_body_edit {
 int kvr_body_edit_apply(const char *body, size_t len, const kvr_body_edit *e, size_t n,
                         kvr_buf *out);
 
+/** The edit that names a route target's upstream model: when the client sent `client_model`
+ *  (NULL: none, nothing to rewrite) and it differs from `target_model`, `*e` replaces `model`
+ *  with `target_model` as a JSON string kept in `*enc` (malloc'd; the caller frees it once the
+ *  edit is applied). Returns 1 (an edit written), 0 (none needed, *enc NULL) or -1 (out of
+ *  memory). */
+int kvr_body_edit_model(const char *target_model, const char *client_model, char **enc,
+                        kvr_body_edit *e);
+
 #endif

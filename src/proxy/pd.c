@@ -8,8 +8,8 @@
 
 #include "events/kvevents.h"
 #include "obs/status_stats.h"
-#include "util/buf.h"
 #include "proxy/headers.h"
+#include "util/buf.h"
 #include "util/log.h"
 #include "util/rand.h"
 #include "util/time.h"
@@ -82,23 +82,18 @@ static int build_body(kvr_pd_call *c)
     kvr_body_edit e[KVR_PD_MAX_EDITS + 1];
     size_t n = c->mode == KVR_PD_SGLANG ? kvr_pd_sglang_edits(&c->bs, e)
                                         : kvr_pd_vllm_prefill_edits(e);
-    char *enc = NULL;
-    if (c->rq.client_model && strcmp(c->target->model, c->rq.client_model) != 0) {
-        json_t *s = json_string(c->target->model);
-        enc = s ? json_dumps(s, JSON_ENCODE_ANY) : NULL;
-        json_decref(s);
-        if (!enc)
-            return -1;
-        e[n++] = (kvr_body_edit){"model", enc, strlen(enc), 1};
-    }
-    int rc = kvr_body_edit_apply(c->rq.body, c->rq.len, e, n, &c->body);
+    char *enc;
+    int m = kvr_body_edit_model(c->target->model, c->rq.client_model, &enc, &e[n]);
+    if (m < 0)
+        return -1;
+    int rc = kvr_body_edit_apply(c->rq.body, c->rq.len, e, n + (size_t)m, &c->body);
     free(enc);
     return rc;
 }
 
-/* Picks an untried eligible prefill worker with room and starts an attempt there. Returns 1
- * when one started, 0 when none is left (`*why` says the last reason when nothing could be
- * picked at all). */
+/* Picks an untried eligible prefill worker with room and starts an attempt there (workers
+ * whose body, URL or bootstrap cannot be made, or whose attempt cannot start, count as tried).
+ * Returns 1 when one started, 0 when none is left within the attempt cap. */
 static int attempt_next(kvr_pd_call *c)
 {
     kvr_app *app = c->rq.app;

@@ -1504,19 +1504,15 @@ static const char *attempt_body(preq *p, size_t *len)
     const char *body = kvr_http_req_body(p->req, len);
     kvr_body_edit e[KVR_PD_MAX_EDITS + 1];
     size_t n = 0;
-    char *enc = NULL;
+    char *enc;
     if (p->kvtp) /* vLLM's decode: the prefill's blocks to fetch */
         n += kvr_pd_vllm_decode_edits(p->kvtp, strlen(p->kvtp), e + n);
     if (p->has_bs) /* SGLang's decode: the prefill's bootstrap room */
         n += kvr_pd_sglang_edits(&p->bs, e + n);
-    if (p->client_model && strcmp(p->target->model, p->client_model) != 0) {
-        json_t *s = json_string(p->target->model);
-        enc = s ? json_dumps(s, JSON_ENCODE_ANY) : NULL;
-        json_decref(s);
-        if (!enc)
-            return NULL;
-        e[n++] = (kvr_body_edit){"model", enc, strlen(enc), 1};
-    }
+    int m = kvr_body_edit_model(p->target->model, p->client_model, &enc, &e[n]);
+    if (m < 0)
+        return NULL;
+    n += (size_t)m;
     if (!n)
         return body;
     int rc = kvr_body_edit_apply(body, *len, e, n, &p->body_rw);

@@ -62,6 +62,21 @@ static void edits(void **state)
     kvr_buf_free(&out);
 }
 
+static void model_edit(void **state)
+{
+    (void)state;
+    char *enc;
+    kvr_body_edit e[1];
+    assert_int_equal(kvr_body_edit_model("m", NULL, &enc, e), 0);
+    assert_null(enc);
+    assert_int_equal(kvr_body_edit_model("m", "m", &enc, e), 0);
+    assert_int_equal(kvr_body_edit_model("meta/\"x\"", "pub", &enc, e), 1);
+    check("{\"model\": \"pub\" ,\"a\":1}", e, 1, "{\"model\": \"meta/\\\"x\\\"\" ,\"a\":1}");
+    /* replace only: a body without `model` (tokenize) stays as sent */
+    check("{\"a\":1}", e, 1, "{\"a\":1}");
+    free(enc);
+}
+
 static void vllm_bodies(void **state)
 {
     (void)state;
@@ -131,6 +146,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(edits),
+        cmocka_unit_test(model_edit),
         cmocka_unit_test(vllm_bodies),
         cmocka_unit_test(sglang_bootstrap),
         cmocka_unit_test(answers),
