@@ -625,3 +625,14 @@ def test_sim_vllm_openai_node_client(sim_factory, kvroute):
     assert all(e["max_tokens"] == 1 and e["stream"] is False for e in pre)
     assert sorted(e["request_id"] for e in pre) == sorted(e["request_id"] for e in dec)
     assert all(e["kv_transfer"]["result"] == "fetched" for e in dec)
+
+
+def test_sim_discovered_route_is_disaggregated(sim_factory, kvroute):
+    """Without --model the route comes from the workers' /v1/models: prefill and decode sims
+    listing the same model make one disaggregated route."""
+    ps, ds = sim_fleet(sim_factory, 1, 1)
+    kv = pd_kvroute(kvroute, ps, ds, model=None)
+    r = sim_chat(kv, "discovered")
+    assert r.status_code == 200, r.text
+    assert r.headers["x-kvroute-prefill-worker"] == ps[0].url
+    assert r.headers["x-kvroute-worker"] == ds[0].url
