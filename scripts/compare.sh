@@ -75,6 +75,11 @@ usage: scripts/compare.sh --trace FILE|DIR --format F --json OUT [options]
   --shared-state S        with --replicas > 1: redis (default; this script starts a redis-server
                           on a free 127.0.0.1 port, one key prefix per run) or none (each replica
                           learns alone)
+  --pd P:D                prefill/decode disaggregation: every policy run's fleet is P
+                          kvroute-sim --role prefill and D --role decode workers behind
+                          kvroute --prefill/--decode (vLLM mode; the policy is the prefill
+                          side's); hit rate is the prefill side's, and the table adds TTFT p90
+                          and prefill calls per request (--workers becomes P + D)
   --keep                  keep the work directory (logs, per-run JSON) and print its path
 EOF
 }
@@ -97,6 +102,7 @@ KEEP=0
 BYPASS_SHARE=0
 MODEL=kvroute-sim-model
 REPLICAS=1 SHARED=redis
+PD=""
 SWEEP=0 SWEEP_RATES="" SWEEP_DURATION=60 SWEEP_POINTS=6 SLO_TTFT_MS=2000 SLO_ITL_MS=100 PROFILE=""
 
 need() { [ $# -ge 2 ] || { echo "compare.sh: $1 needs a value" >&2; exit 2; }; }
@@ -136,11 +142,20 @@ while [ $# -gt 0 ]; do
     --replicas) need "$@"; REPLICAS=$2; shift 2 ;;
     --shared-state) need "$@"; SHARED=$2; shift 2 ;;
     --bypass-share) need "$@"; BYPASS_SHARE=$2; shift 2 ;;
+    --pd) need "$@"; PD=$2; shift 2 ;;
     -h | --help) usage; exit 0 ;;
     *) echo "compare.sh: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
     esac
 done
 [ -n "$TRACE" ] && [ -n "$FORMAT" ] && [ -n "$JSON_OUT" ] || { usage >&2; exit 2; }
+PD_P=0 PD_D=0
+if [ -n "$PD" ]; then
+    [[ "$PD" =~ ^([1-9][0-9]?):([1-9][0-9]?)$ ]] || { echo "compare.sh: --pd wants P:D (e.g. 2:2)" >&2; exit 2; }
+    PD_P=${BASH_REMATCH[1]} PD_D=${BASH_REMATCH[2]}
+    WORKERS=$((PD_P + PD_D))
+    [ "$BYPASS_SHARE" = 0 ] || { echo "compare.sh: --pd and --bypass-share do not combine" >&2; exit 2; }
+    [ "$DP" = 1 ] || { echo "compare.sh: --pd and --dp do not combine" >&2; exit 2; }
+fi
 for n in "$WORKERS" "$DP" "$KV_BLOCKS" "$BLOCK_SIZE" "$MAX_REQUESTS" "$SEED" "$REPLAY_TIMEOUT"; do
     [[ "$n" =~ ^[0-9]+$ ]] || { echo "compare.sh: '$n' is not a non-negative integer" >&2; exit 2; }
 done
@@ -285,9 +300,16 @@ start_sim() {
 # start_router POLICY URL…: sets ROUTER_PID and ROUTER_URL. Each entry of the KV_ARGS array
 # (URL=tcp://PUB,tcp://REPLAY) becomes a --kv-events flag.
 start_router() {
-    local policy=$1 port try args=() u
+    local policy=$1 port try args=() u i=0
     shift
-    for u in "$@"; do args+=(--worker "$u"); done
+    # --pd: the first PD_P URLs are the prefill workers, the rest decode workers.
+    for u in "$@"; do
+        i=$((i + 1))
+        if [ "$PD_P" = 0 ]; then args+=(--worker "$u")
+        elif [ "$i" -le "$PD_P" ]; then args+=(--prefill "$u")
+        else args+=(--decode "$u"); fi
+    done
+    [ "$PD_P" = 0 ] || args+=(--pd-prefill-policy "$policy")
     for u in ${KV_ARGS[@]+"${KV_ARGS[@]}"}; do args+=(--kv-events "$u"); done
     for try in 1 2 3; do
         port=$(free_port)
@@ -465,7 +487,11 @@ for run in "${RUNS[@]}"; do
         done
     else
         for i in $(seq "$FLEET"); do
-            SIM_EVENTS=$KV_EVENTS start_sim "w$i-$run" "$KV_BLOCKS" $((SEED + i))
+            role=() # --pd: the first PD_P sims prefill, the rest decode
+            if [ "$PD_P" != 0 ]; then
+                if [ "$i" -le "$PD_P" ]; then role=(--role prefill); else role=(--role decode); fi
+            fi
+            SIM_EVENTS=$KV_EVENTS start_sim "w$i-$run" "$KV_BLOCKS" $((SEED + i)) ${role[@]+"${role[@]}"}
             urls+=("$SIM_URL")
             targets+=("$SIM_URL")
             pids+=("$SIM_PID")
@@ -487,7 +513,15 @@ for run in "${RUNS[@]}"; do
     done
     ROUTER_URL=${ROUTER_URLS[0]}
     replay "$run" "$ROUTER_URL" "${urls[@]}"
-    scrape "${urls[@]}" >"$WORK/$run.metrics"
+    if [ "$PD_P" != 0 ]; then
+        # The prefill side's hit rate: where prompts are computed (a decode worker's hits are
+        # the transferred blocks, or its own local prefills).
+        scrape "${urls[@]:0:$PD_P}" >"$WORK/$run.metrics"
+        scrape "${urls[@]:$PD_P}" >"$WORK/$run.decode.metrics"
+        printf '%s\n' "${urls[@]:0:$PD_P}" >"$WORK/$run.prefill"
+    else
+        scrape "${urls[@]}" >"$WORK/$run.metrics"
+    fi
     # kvroute's own view: decisions it counted, prediction error, KV-event trust states.
     curl -s -m 5 "$ROUTER_URL/metrics" >"$WORK/$run.router.prom" || true
     printf '%s\n' "${urls[@]}" >"$WORK/$run.workers"
@@ -495,7 +529,7 @@ for run in "${RUNS[@]}"; do
     warn_refused "$WORK"/w*-"$run".log
 done
 
-CMP_DP=$DP CMP_REPLICAS=$REPLICAS CMP_SHARED=$([ -n "$REDIS_URL" ] && echo redis || echo none) \
+CMP_DP=$DP CMP_PD=$PD CMP_REPLICAS=$REPLICAS CMP_SHARED=$([ -n "$REDIS_URL" ] && echo redis || echo none) \
 python3 - "$WORK" "$JSON_OUT" "$WORKERS" "$BOUND" "$FORMAT" "$TRACE" "$KV_BLOCKS" "$BLOCK_SIZE" \
     "$TIME_SCALE" "$BYPASS_SHARE" "$KV_EVENTS" "${RUNS[@]}" <<'PY'
 import json, math, os, re, sys
@@ -513,7 +547,7 @@ def router_metrics(name):
     mispredictions, requests it answered, KV-event trust per worker, tokenize sources."""
     path = os.path.join(work, name + ".router.prom")
     m = {"pred_sum": 0.0, "pred_count": 0.0, "mispredictions": 0.0, "router_requests": 0.0,
-         "kv_events_state": {}, "tokenize": {}}
+         "kv_events_state": {}, "tokenize": {}, "worker_attempts": {}, "pd": {}, "fallbacks": 0.0}
     if not os.path.exists(path):
         return None
     line_re = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)$')
@@ -533,6 +567,14 @@ def router_metrics(name):
                 m["router_requests"] += value
             elif metric == "kvroute_kv_events_state":
                 m["kv_events_state"][labels.get("worker", "")] = KV_STATES.get(int(value), value)
+            elif metric == "kvroute_worker_requests_total":
+                w = labels.get("worker", "")
+                m["worker_attempts"][w] = m["worker_attempts"].get(w, 0) + value
+            elif metric == "kvroute_pd_requests_total":
+                res = labels.get("result", "")
+                m["pd"][res] = m["pd"].get(res, 0) + int(value)
+            elif metric == "kvroute_pd_fallbacks_total":
+                m["fallbacks"] += value
             elif metric == "kvroute_tokenize_total":
                 src = labels.get("source", "")
                 m["tokenize"][src] = m["tokenize"].get(src, 0) + int(value)
@@ -585,6 +627,7 @@ for p in policies:
         "prompt_tokens": queries if queries else b["prompt_tokens"],
         "cached_tokens": hits if queries else b["cached_tokens"],
         "ttft_p50_s": b["ttft_s"]["p50"],
+        "ttft_p90_s": b["ttft_s"].get("p90"),
         "ttft_p99_s": b["ttft_s"]["p99"],
         "e2e_p50_s": b["e2e_s"]["p50"],
         "load_max_over_mean": (max(counts) / mean) if counts and mean else None,
@@ -610,6 +653,16 @@ for p in policies:
         row["misprediction_rate"] = (rm["mispredictions"] / pc) if pc else None
         row["kv_events_state"] = rm["kv_events_state"]
         row["tokenize"] = rm["tokenize"]
+        pf = os.path.join(work, p + ".prefill")
+        if os.path.exists(pf):  # --pd: attempts on prefill workers per answered request
+            prefill = set(open(pf).read().split())
+            calls = sum(v for w, v in rm["worker_attempts"].items() if w in prefill)
+            row["pd"] = {"results": rm["pd"], "fallbacks": int(rm["fallbacks"]),
+                         "prefill_calls": int(calls),
+                         "prefill_calls_per_request": calls / b["requests"] if b["requests"] else None}
+            with open(os.path.join(work, p + ".decode.metrics")) as f:
+                dv = [int(x) for x in f.read().split()]
+            row["pd"]["decode_hit_rate"] = dv[0] / dv[1] if dv[1] else None
     row["uncached_tokens"] = row["prompt_tokens"] - row["cached_tokens"]
     if p == "round_robin":
         rr_uncached = row["uncached_tokens"]
@@ -637,7 +690,7 @@ if dp > 1:
 result["setup"] = {"format": fmt, "trace": trace, "workers": workers, "kv_blocks_per_worker": int(kv),
                    "data_parallel_size": dp,
                    "block_size": int(bs), "time_scale": float(ts), "bypass_share": float(bypass),
-                   "kv_events": kv_events == "1",
+                   "kv_events": kv_events == "1", "pd": os.environ.get("CMP_PD") or None,
                    "replicas": int(os.environ.get("CMP_REPLICAS", "1")),
                    "shared_state": os.environ.get("CMP_SHARED", "none")}
 with open(out, "w") as f:
@@ -675,6 +728,14 @@ for name, row, b in rows:
             states[st] = states.get(st, 0) + 1
         print("  %s: decisions %s; KV events at the end: %s; token ids from %s" % (
             name, json.dumps(row["decisions"]), json.dumps(states), json.dumps(row.get("tokenize", {}))))
+    if row.get("pd"):
+        pd = row["pd"]
+        print("  %s (prefill/decode %s): hit rate on the prefill side %s, decode side %s; TTFT "
+              "p50/p90 %s / %s; prefill calls per request %s; results %s; local prefills %d" % (
+                  name, os.environ.get("CMP_PD"), fnum(row["hit_rate"], pct=True),
+                  fnum(pd.get("decode_hit_rate"), pct=True), fnum(row["ttft_p50_s"]),
+                  fnum(row.get("ttft_p90_s")), fnum(pd.get("prefill_calls_per_request"), digits=2),
+                  json.dumps(pd["results"]), pd["fallbacks"]))
 PY
 
 if [ -n "$PNG_OUT" ]; then

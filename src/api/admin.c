@@ -21,6 +21,7 @@
 #include "util/log.h"
 #include "util/oai_error.h"
 #include "util/time.h"
+#include "workers/registry.h"
 
 static char *g_token;
 
@@ -100,19 +101,27 @@ static void routes(kvr_app *app, kvr_http_req *r)
             kvr_route_worker_stats(rt, tg->worker, &st);
             json_array_append_new(
                 targets,
-                json_pack("{s:s,s:s,s:s,s:f,s:b,s:I,s:I,s:I}", "worker", tg->worker->name, "url",
-                          tg->worker->url, "model", tg->model, "weight", tg->weight, "eligible",
+                json_pack("{s:s,s:s,s:s,s:s,s:f,s:b,s:I,s:I,s:I}", "worker", tg->worker->name,
+                          "url", tg->worker->url, "role", kvr_worker_role_name(tg->worker->role),
+                          "model", tg->model, "weight", tg->weight, "eligible",
                           kvr_worker_eligible(tg->worker), "inflight",
                           (json_int_t)tg->worker->inflight, "index_blocks",
                           (json_int_t)st.index_blocks, "sessions", (json_int_t)st.sessions));
         }
         kvr_policy_stats ps;
         kvr_route_stats(rt, &ps);
-        json_array_append_new(arr, json_pack("{s:s,s:o,s:s,s:o,s:I,s:I}", "name", rt->name,
-                                             "aliases", aliases, "policy", rt->ops->name,
-                                             "targets", targets, "index_blocks",
-                                             (json_int_t)ps.index_blocks, "sessions",
-                                             (json_int_t)ps.sessions));
+        json_t *row = json_pack("{s:s,s:o,s:s,s:o,s:I,s:I}", "name", rt->name, "aliases",
+                                aliases, "policy", rt->ops->name, "targets", targets,
+                                "index_blocks", (json_int_t)ps.index_blocks, "sessions",
+                                (json_int_t)ps.sessions);
+        /* A disaggregated route's policy is its prefill side's; the decode side has its own. */
+        if (rt->pd)
+            json_object_set_new(row, "pd",
+                                json_pack("{s:s,s:s,s:s}", "mode",
+                                          kvr_pd_mode_name(rt->pd->mode),
+                                          "prefill_policy", rt->ops->name, "decode_policy",
+                                          rt->pd->decode->ops->name));
+        json_array_append_new(arr, row);
     }
     kvr_admin_reply(r, 200, json_pack("{s:I,s:o}", "generation", (json_int_t)app->generation,
                                       "routes", arr));
@@ -203,6 +212,21 @@ static void explain_scores(json_t *row, const kvr_explain_row *ex)
     }
 }
 
+/* A disaggregated route's two picks: the prefill one (as explained above) and the decode
+ * one its decode side would make now. */
+static json_t *pd_picks(kvr_route *rt, const kvr_pick *pf, const kvr_route_keys *k)
+{
+    kvr_pick dp = {0};
+    const kvr_route_target *t;
+    kvr_route *dr = rt->pd->decode;
+    int ok = kvr_route_pick(dr, NULL, 0, k, NULL, 0, &dp, &t) == 0;
+    return json_pack("{s:s,s:{s:s,s:s?,s:s?,s:f},s:{s:s,s:s?,s:s?}}", "mode",
+                     kvr_pd_mode_name(rt->pd->mode), "prefill", "policy",
+                     rt->ops->name, "worker", pf->worker ? pf->worker->url : NULL, "decision",
+                     pf->decision, "match", pf->match, "decode", "policy", dr->ops->name,
+                     "worker", ok ? dp.worker->url : NULL, "decision", ok ? dp.decision : NULL);
+}
+
 static void dbg_answer(dbg *d)
 {
     kvr_http_req *r = d->r;
@@ -210,8 +234,18 @@ static void dbg_answer(dbg *d)
     kvr_http_req_set_cbs(r, &(kvr_http_req_cbs){NULL, NULL}, NULL);
     kvr_pick pick = {0};
     const kvr_explain_row *ex = NULL;
-    size_t n = 0;
-    if (kvr_route_explain(rt, &d->keys.k, d->pin, d->pin_len, &pick, &ex, &n) < 0) {
+    size_t n = 0, nex = 0, exc[KVR_ADMIN_WORKERS_MAX];
+    /* A disaggregated route's own policy picks its prefill worker among the prefill ones. */
+    nex = kvr_route_role_exclude(rt, 1, exc, 0, sizeof(exc) / sizeof(exc[0]));
+    int local = 0; /* no prefill worker: a decode worker would prefill it (pd_local_prefill) */
+    int rc = kvr_route_explain(rt, exc, nex, &d->keys.k, d->pin, d->pin_len, &pick, &ex, &n);
+    if (rc < 0 && rt->pd) {
+        local = 1;
+        nex = kvr_route_role_exclude(rt, 0, exc, 0, sizeof(exc) / sizeof(exc[0]));
+        rc = kvr_route_explain(rt, exc, nex, &d->keys.k, d->pin, d->pin_len, &pick, &ex, &n);
+        pick.decision = "pd_local_prefill";
+    }
+    if (rc < 0) {
         dbg_free(d);
         kvr_admin_reply_error(r, 503, "no eligible worker", NULL, 0);
         return;
@@ -237,6 +271,8 @@ static void dbg_answer(dbg *d)
                             pick.index, "session_key_bytes", (json_int_t)d->keys.k.session_len,
                             "routing_text_bytes", (json_int_t)d->keys.k.text_len,
                             "prompt_tokens", (json_int_t)d->keys.k.ntokens, "workers", rows);
+    if (rt->pd && !local)
+        json_object_set_new(out, "pd", pd_picks(rt, &pick, &d->keys.k));
     dbg_free(d);
     kvr_admin_reply(r, 200, out);
 }

@@ -83,6 +83,8 @@ static json_t *worker_row(kvr_app *app, const kvr_worker *w, uint64_t now)
     json_object_set_new(o, "data_parallel_rank", w->dp_rank >= 0 ? json_integer(w->dp_rank)
                                                                  : json_null());
     json_object_set_new(o, "engine_url", json_string(kvr_worker_base(w)));
+    if (w->role == KVR_ROLE_PREFILL) /* what SGLang-mode requests name as bootstrap_port */
+        json_object_set_new(o, "bootstrap_port", json_integer(w->bootstrap_port));
     if (app->kv && kvr_kv_events_configured(app->kv, w->id)) {
         kvr_kv_worker_stats ks;
         kvr_kv_index_worker_stats(kvr_kv_events_index(app->kv), w->id, &ks);
@@ -164,10 +166,11 @@ int kvr_admin_worker_parse(const json_t *body, kvr_api_worker *out, char *msg, s
     const json_t *v;
     json_object_foreach((json_t *)body, k, v) {
         if (strcmp(k, "url") && strcmp(k, "name") && strcmp(k, "weight") &&
-            strcmp(k, "routes") && strcmp(k, "role") && strcmp(k, "data_parallel_size"))
+            strcmp(k, "routes") && strcmp(k, "role") && strcmp(k, "bootstrap_port") &&
+            strcmp(k, "data_parallel_size"))
             return parse_fail(out, msg, cap,
                               "unknown field '%.64s' (url, name, weight, routes, role, "
-                              "data_parallel_size)", k);
+                              "bootstrap_port, data_parallel_size)", k);
     }
     json_t *uv = json_object_get(body, "url");
     const char *url = json_string_value(uv);
@@ -200,6 +203,13 @@ int kvr_admin_worker_parse(const json_t *body, kvr_api_worker *out, char *msg, s
     if (v && (!json_is_string(v) || kvr_worker_role_parse(json_string_value(v), &out->role)))
         return parse_fail(out, msg, cap, "'%s' must be \"both\", \"prefill\" or \"decode\"",
                           "role");
+    v = json_object_get(body, "bootstrap_port");
+    if (v && (!json_is_integer(v) || json_integer_value(v) < 1 ||
+              json_integer_value(v) > 65535))
+        return parse_fail(out, msg, cap, "'%s' must be a port number (1-65535)",
+                          "bootstrap_port");
+    if (v)
+        out->bootstrap_port = (uint16_t)json_integer_value(v);
     const json_t *routes = json_object_get(body, "routes");
     if (routes && (!json_is_array(routes) || json_array_size(routes) > ROUTES_MAX))
         return parse_fail(out, msg, cap, "'%s' must be an array of at most 256 route names",

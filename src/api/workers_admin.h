@@ -17,12 +17,12 @@
  *  "prefill", "decode"), source ("config", or "api" for a worker added at run time),
  *  eligible, healthy, breaker ("closed", "open" or "half_open"), draining, inflight,
  *  requests, index_blocks, index_capacity, sessions (summed over its routes), queue, running,
- *  kv_usage, kv_tokens, routes:[route names], lmcache, kv_events, kv_blocks?,
- *  data_parallel_rank (null for a plain worker), engine_url (the URL its requests go to)} (a
- *  data-parallel engine's ranks are rows of their own, "URL#r").
+ *  kv_usage, kv_tokens, routes:[route names], lmcache, kv_events, kv_blocks?, bootstrap_port
+ *  (prefill workers only), data_parallel_rank (null for a plain worker), engine_url (the URL
+ *  its requests go to)} (a data-parallel engine's ranks are rows of their own, "URL#r").
  *  POST /workers with {"url", "name"?, "weight"?, "routes"?: [route names or aliases],
- *  "role"?, "data_parallel_size"?} adds a worker (kvr_app_add_worker) → 201 and its row; a
- *  data-parallel engine (size > 1) adds all its ranks or none → 201 {url, name,
+ *  "role"?, "bootstrap_port"?, "data_parallel_size"?} adds a worker (kvr_app_add_worker) → 201
+ *  and its row; a data-parallel engine (size > 1) adds all its ranks or none → 201 {url, name,
  *  data_parallel_size, workers: [rank rows]}; its URL and name may then not be taken again. Without `routes` and without
  *  --model, the worker's /v1/models is read first (KVR_ADMIN_MODELS_TIMEOUT_MS; 502 when it
  *  cannot be). 400 for a malformed body (kvr_admin_worker_parse), 409 when its URL or name is
@@ -47,7 +47,8 @@ void kvr_admin_worker(kvr_app *app, kvr_http_req *r);
  *  `url` required, an http:// worker URL (kvr_config_url_ok) of at most 1024 bytes; `name`
  *  a non-empty string of printable bytes, at most 256 (default: the URL); `weight` a number
  *  in (0, 1e6] (default 1); `routes` an array of at most 256 non-empty strings (given:
- *  routes_set); `role` "both" (default), "prefill" or "decode"; `data_parallel_size` an
+ *  routes_set); `role` "both" (default), "prefill" or "decode"; `bootstrap_port` an integer
+ *  1-65535 (a prefill worker's SGLang bootstrap port; default 8998); `data_parallel_size` an
  *  integer in [1, KVR_MAX_DP_SIZE] (1 = a plain worker); no other field. Returns 0,
  *  or 400 with a message in `msg` (cap bytes) and `out` empty. */
 int kvr_admin_worker_parse(const json_t *body, kvr_api_worker *out, char *msg, size_t cap);

@@ -253,6 +253,21 @@ void kvr_app_metrics_init(kvr_app *app)
                                      "Requests retried on another worker, by the failure that "
                                      "caused it",
                                      2, mr);
+    const char *mres[] = {"model", "result"};
+    m->pd_requests = kvr_metrics_counter(r, "kvroute_pd_requests_total",
+                                         "Requests of disaggregated routes, by result: ok "
+                                         "(prefill and decode workers), local_prefill (a decode "
+                                         "worker prefilled itself), error",
+                                         2, mres);
+    m->pd_prefill_seconds = kvr_metrics_histogram(r, "kvroute_pd_prefill_seconds",
+                                                  "Time a disaggregated request's successful "
+                                                  "prefill call took, sent to answered",
+                                                  1, mo, latency_bounds, NB);
+    m->pd_fallbacks = kvr_metrics_counter(r, "kvroute_pd_fallbacks_total",
+                                          "Disaggregated requests prefilled on a decode worker, "
+                                          "by the last prefill failure (no_prefill_worker, "
+                                          "connect, http_503, no_kv_transfer_params, ...)",
+                                          2, mr);
     const char *rs[] = {"reason"}, *ep[] = {"endpoint"};
     m->auth_failures = kvr_metrics_counter(r, "kvroute_auth_failures_total",
                                            "Requests refused for a missing or invalid client API "

@@ -42,6 +42,9 @@ typedef struct kvr_app_metrics {
     kvr_metric *breaker_state;     /**< kvroute_worker_breaker_state{worker} (0, 1, 2) */
     kvr_metric *breaker_transitions; /**< kvroute_breaker_transitions_total{worker,state} */
     kvr_metric *retries;           /**< kvroute_retries_total{model,reason} */
+    kvr_metric *pd_requests;       /**< kvroute_pd_requests_total{model,result} */
+    kvr_metric *pd_prefill_seconds; /**< kvroute_pd_prefill_seconds{model} (histogram) */
+    kvr_metric *pd_fallbacks;      /**< kvroute_pd_fallbacks_total{model,reason} */
     kvr_metric *auth_failures;     /**< kvroute_auth_failures_total{reason} */
     kvr_metric *egress_denied;     /**< kvroute_egress_denied_total{endpoint} */
     kvr_metric *queue_depth;       /**< kvroute_queue_depth{model} */
@@ -68,6 +71,7 @@ typedef struct kvr_api_worker {
     char *name;           /**< its name (owned; the URL unless given) */
     double weight;        /**< > 0 (1) */
     kvr_worker_role role; /**< stored on the worker */
+    uint16_t bootstrap_port; /**< a prefill worker's SGLang bootstrap port (0 = 8998) */
     char **routes;        /**< route names (or aliases) it is a target of (owned), when
                                routes_set; else the routes whose model it lists */
     size_t nroutes;

@@ -126,8 +126,10 @@ static kvr_worker *sync_api_worker(kvr_app *app, const kvr_api_worker *aw, kvr_e
                           .dp_url = aw->dp_url, .dp_rank = aw->dp_rank,
                           .data_parallel_size = aw->data_parallel_size};
     kvr_worker *w = sync_worker(app, &ws, errs);
-    if (w)
+    if (w) {
         w->role = aw->role;
+        w->bootstrap_port = aw->bootstrap_port ? aw->bootstrap_port : 8998;
+    }
     return w;
 }
 
@@ -252,7 +254,8 @@ int kvr_app_apply(kvr_app *app, kvr_config *c, kvr_errlist *errs)
         if (w) {
             kvr_worker_set_api_key(w, ext.keys[i]);
             w->max_inflight = ws->max_inflight;
-            w->role = KVR_ROLE_BOTH;
+            w->role = ws->role;
+            w->bootstrap_port = ws->bootstrap_port ? (uint16_t)ws->bootstrap_port : 8998;
             /* Ranks on one endpoint each keep their own batches; per-rank endpoints
              * (rank_port_offset) carry only theirs. */
             int shared = ws->dp_url && !ws->kv_rank_port_offset;
@@ -290,6 +293,7 @@ static kvr_worker *add_one(kvr_app *app, const kvr_api_worker *aw, const char *c
     kvr_api_worker *cp = &list[app->napi_workers];
     *cp = (kvr_api_worker){.url = strdup(aw->url), .name = strdup(aw->name),
                            .weight = aw->weight > 0 ? aw->weight : 1, .role = aw->role,
+                           .bootstrap_port = aw->bootstrap_port,
                            .routes = calloc(aw->nroutes + 1, sizeof(char *)),
                            .routes_set = aw->routes_set, .source = aw->source,
                            .dp_url = aw->dp_url ? strdup(aw->dp_url) : NULL,

@@ -92,10 +92,21 @@ static void route_def(const kvr_route_cfg *rc, kvr_route_def *d, const char *nam
     };
 }
 
-/* Makes one route; `prev` is the route of that name being replaced (state kept). */
-static int add_route(kvr_app *app, kvr_route_table *t, const kvr_route_def *d,
-                     kvr_errlist *errs)
+/* Makes one route; `prev` is the route of that name being replaced (state kept). A route
+ * with prefill-role targets is disaggregated: its own policy is then the prefill side's. */
+static int add_route(kvr_app *app, kvr_route_table *t, const kvr_route_def *d0,
+                     const kvr_route_cfg *rc, kvr_errlist *errs)
 {
+    kvr_route_def dd = *d0, *d = &dd;
+    int prefill = 0;
+    for (size_t i = 0; i < d->ntargets; i++)
+        prefill |= d->targets[i].worker && d->targets[i].worker->role == KVR_ROLE_PREFILL;
+    if (prefill) {
+        dd.ops = kvr_policy_find(rc->prefill_policy);
+        dd.decode_ops = kvr_policy_find(rc->decode_policy);
+        dd.pd_mode = strcmp(rc->pd_mode, kvr_pd_mode_name(KVR_PD_SGLANG)) == 0 ? KVR_PD_SGLANG
+                                                                             : KVR_PD_VLLM;
+    }
     kvr_route *prev = kvr_route_table_find(app->routes, d->name);
     if (prev && strcmp(prev->name, d->name) != 0)
         prev = NULL; /* found by an alias: another route */
@@ -144,7 +155,7 @@ static int build_file_routes(kvr_app *app, const kvr_config *c, kvr_route_table 
         d.targets = tg;
         d.ntargets = n;
         if (rc == 0)
-            rc = add_route(app, t, &d, errs);
+            rc = add_route(app, t, &d, &rs->cfg, errs);
         free(tg);
     }
     return rc;
@@ -173,7 +184,7 @@ static int build_cli_routes(kvr_app *app, const kvr_config *c, kvr_route_table *
         route_def(&c->route, &d, c->model);
         d.targets = tg;
         d.ntargets = n;
-        rc = add_route(app, t, &d, errs);
+        rc = add_route(app, t, &d, &c->route, errs);
     } else {
         /* Each model once, in the order the workers list them (a worker added at run time
          * for named routes: only the models named). */
@@ -192,7 +203,7 @@ static int build_cli_routes(kvr_app *app, const kvr_config *c, kvr_route_table *
                 route_def(&c->route, &d, model);
                 d.targets = tg;
                 d.ntargets = n;
-                rc = add_route(app, t, &d, errs);
+                rc = add_route(app, t, &d, &c->route, errs);
             }
         }
     }

@@ -47,7 +47,14 @@ static void show_upstream_client(FILE *out, const void *target, const kvr_flag *
       "per-worker index blocks (0 = from KV capacity, else global cap)")                     \
     X("hash-load-factor", DOUBLE, p.hash_load_factor, 0, 1e6,                                 \
       "consistent_hash/rendezvous_hash bounded loads: a worker holds at most this times its "  \
-      "share of the in-flight requests (0 = unbounded)")
+      "share of the in-flight requests (0 = unbounded)")                                       \
+    X("pd-mode", STR, pd_mode, 0, 0,                                                          \
+      "prefill/decode disaggregation of routes with prefill workers: vllm (NixlConnector, "   \
+      "prefill then decode) or sglang (bootstrap, both at once)")                             \
+    X("pd-prefill-policy", STR, prefill_policy, 0, 0,                                         \
+      "policy of a disaggregated route's prefill side (sessions, prefix index, KV events)")   \
+    X("pd-decode-policy", STR, decode_policy, 0, 0,                                           \
+      "policy of a disaggregated route's decode side")
 
 #define ROUTE_ROW(n, t, field, lo, hi, h)                                                     \
     {.name = n, .type = KVR_FLAG_##t, .off = offsetof(kvr_route_cfg, field), .min = lo,       \
@@ -77,6 +84,12 @@ static const kvr_flag flags[] = {
              "of N data-parallel ranks, routed as URL#0..URL#N-1",
      .set = set_worker,
      .show = show_worker},
+    {.name = "prefill", .type = KVR_FLAG_CUSTOM, .off = OFF(workers),
+     .help = "a prefill-only worker's base URL (prefill/decode disaggregation; repeatable)",
+     .set = set_worker, .show = show_worker},
+    {.name = "decode", .type = KVR_FLAG_CUSTOM, .off = OFF(workers),
+     .help = "a decode-only worker's base URL (prefill/decode disaggregation; repeatable)",
+     .set = set_worker, .show = show_worker},
     FL("model", STR, model, 0, 0,
        "one route of this name over every worker (default: a route per model the workers' "
        "/v1/models list)"),
@@ -213,6 +226,9 @@ static const kvr_flag flags[] = {
       "session id sources: comma list of header:NAME and body:PATH"),
     FL("max-usage-scan-bytes", SIZE, max_usage_bytes, 0, 1e9,
       "JSON response bytes kept to read token usage"),
+    FL("pd-max-prefill-bytes", SIZE, pd_max_prefill_bytes, 1024, 1e9,
+      "largest prefill worker answer read for its kv_transfer_params and usage (larger: a "
+      "prefill failure)"),
     {.name = "kv-events", .type = KVR_FLAG_CUSTOM, .off = OFF(kv_events_args),
      .help = "WORKER_URL=ENDPOINT[,REPLAY_ENDPOINT]: the worker's vLLM KV-event PUB (and "
              "replay) sockets, e.g. tcp://10.0.0.5:5557 (repeatable)",
@@ -344,6 +360,10 @@ void kvr_config_default(kvr_config *c)
 {
     memset(c, 0, sizeof(*c));
     c->route.policy = "cache_aware";
+    c->route.pd_mode = "vllm";
+    c->pd_max_prefill_bytes = 4u << 20;
+    c->route.prefill_policy = "cache_aware";
+    c->route.decode_policy = "least_load";
     kvr_policy_cfg_default(&c->route.p);
     c->discovery_interval_s = 30;
     c->host = "127.0.0.1";
@@ -417,12 +437,14 @@ int kvr_config_split_dp(const char *arg, size_t *url_len, uint32_t *size)
     return 0;
 }
 
-/* --worker is repeatable: each one appends a worker named by its URL; a trailing "@N" makes it
- * a data-parallel engine of N ranks. */
+/* --worker, --prefill and --decode are repeatable: each one appends a worker named by its URL,
+ * with the flag's role; a trailing "@N" makes it a data-parallel engine of N ranks. */
 static int set_worker(void *target, const kvr_flag *f, const char *v, char *err, size_t cap)
 {
-    (void)f;
     kvr_config *c = target;
+    kvr_worker_role role = !strcmp(f->name, "prefill")  ? KVR_ROLE_PREFILL
+                           : !strcmp(f->name, "decode") ? KVR_ROLE_DECODE
+                                                        : KVR_ROLE_BOTH;
     if (c->nworkers >= KVR_MAX_WORKERS) {
         snprintf(err, cap, "too many workers (max %d)", KVR_MAX_WORKERS);
         return -1;
@@ -430,8 +452,8 @@ static int set_worker(void *target, const kvr_flag *f, const char *v, char *err,
     size_t ul;
     uint32_t dp;
     if (kvr_config_split_dp(v, &ul, &dp) < 0) {
-        snprintf(err, cap, "--worker %s: the data-parallel size after '@' must be 1..%d", v,
-                 KVR_MAX_DP_SIZE);
+        snprintf(err, cap, "--%s %s: the data-parallel size after '@' must be 1..%d", f->name,
+                 v, KVR_MAX_DP_SIZE);
         return -1;
     }
     const char *url = ul == strlen(v) ? v : kvr_config_strndup(c, v, ul);
@@ -439,7 +461,7 @@ static int set_worker(void *target, const kvr_flag *f, const char *v, char *err,
     if (c->nworkers)
         memcpy(nw, c->workers, c->nworkers * sizeof(*nw));
     nw[c->nworkers++] = (kvr_worker_spec){.url = url, .name = url, .weight = 1,
-                                          .data_parallel_size = dp};
+                                          .data_parallel_size = dp, .role = role};
     c->workers = nw;
     return 0;
 }
@@ -774,6 +796,39 @@ static void check_k8s(const kvr_config *c, kvr_errlist *errs)
                         c->k8s.api_url);
 }
 
+/* A route's prefill/decode settings (`at`: where to report, `name`: the route or NULL for the
+ * defaults). */
+static void check_pd(const kvr_route_cfg *rc, const char *at, const char *name,
+                     kvr_errlist *errs)
+{
+    char who[400];
+    if (name)
+        snprintf(who, sizeof(who), "%s: route '%s': ", at, name);
+    else
+        who[0] = '\0';
+    if (strcmp(rc->pd_mode, "vllm") && strcmp(rc->pd_mode, "sglang"))
+        kvr_errlist_add(errs, "%spd mode '%s' (one of vllm, sglang)", who, rc->pd_mode);
+    const char *pols[] = {rc->prefill_policy, rc->decode_policy};
+    for (int i = 0; i < 2; i++)
+        if (!kvr_policy_find(pols[i]))
+            kvr_errlist_add(errs, "%s%s policy: unknown policy '%s' (one of %s)", who,
+                            i ? "decode" : "prefill", pols[i], kvr_policy_names());
+}
+
+/* Without routes in the file, every worker is a target of the command line's routes: prefill
+ * workers need a decode (or both) one beside them. */
+static void check_cli_roles(const kvr_config *c, kvr_errlist *errs)
+{
+    size_t roles[3] = {0, 0, 0};
+    for (size_t i = 0; i < c->nworkers; i++)
+        roles[c->workers[i].role]++;
+    if (!c->nroutes && roles[KVR_ROLE_PREFILL] && !roles[KVR_ROLE_DECODE] &&
+        !roles[KVR_ROLE_BOTH])
+        kvr_errlist_add(errs, "prefill workers (--prefill) need a decode worker (--decode, or "
+                        "--worker for one that does both) to decode on");
+    check_pd(&c->route, "", NULL, errs);
+}
+
 /* Applies each route's own settings over the defaults, and checks its targets. */
 static void resolve_routes(kvr_config *c, kvr_errlist *errs)
 {
@@ -799,6 +854,16 @@ static void resolve_routes(kvr_config *c, kvr_errlist *errs)
         if (!kvr_policy_find(rs->cfg.policy))
             kvr_errlist_add(errs, "%s: route '%s': unknown policy '%s' (one of %s)", at, rs->name,
                             rs->cfg.policy, kvr_policy_names());
+        check_pd(&rs->cfg, at, rs->name, errs);
+        size_t roles[3] = {0, 0, 0};
+        for (size_t t = 0; t < rs->ntargets; t++) {
+            const kvr_worker_spec *w = find_worker(c, rs->targets[t].worker);
+            if (w)
+                roles[w->role]++;
+        }
+        if (roles[KVR_ROLE_PREFILL] && !roles[KVR_ROLE_DECODE] && !roles[KVR_ROLE_BOTH])
+            kvr_errlist_add(errs, "%s: route '%s' has prefill workers but no decode (or both) "
+                            "worker to decode on", at, rs->name);
         if (rs->ntargets == 0 && !rs->k8s_service)
             kvr_errlist_add(errs, "%s: route '%s' has no targets (nor a Kubernetes `service`)",
                             at, rs->name);
@@ -989,6 +1054,7 @@ int kvr_config_load(kvr_config *c, int argc, char **argv, kvr_errlist *errs)
             kvr_errlist_add(errs, "%s", cerr);
     }
     resolve_routes(c, errs);
+    check_cli_roles(c, errs);
     if (c->breaker.max_cooldown_ms < c->breaker.cooldown_ms)
         kvr_errlist_add(errs, "--breaker-max-cooldown-ms must be >= --breaker-cooldown-ms");
     if (c->nroutes && c->model) {

@@ -18,6 +18,7 @@
 #include "util/flags.h"
 #include "workers/breaker.h"
 #include "workers/k8s.h"
+#include "workers/worker.h"
 
 #define KVR_MAX_WORKERS 256
 /** Most route names and aliases in all (the uniqueness check is quadratic, on the loop). */
@@ -32,6 +33,14 @@
 typedef struct kvr_route_cfg {
     const char *policy;   /**< policy name (kvr_policy_find), "cache_aware" by default */
     kvr_policy_cfg p;     /**< its tunables */
+    /* Prefill/decode disaggregation (a route whose targets include prefill-role workers;
+     * file: a route's `pd: {mode, prefill_policy, decode_policy}`, flags --pd-mode,
+     * --pd-prefill-policy, --pd-decode-policy). Each side gets its own policy instance with
+     * the route's tunables (`p`). */
+    const char *pd_mode;         /**< "vllm" (NixlConnector, sequential; default) or
+                                      "sglang" (bootstrap, concurrent) */
+    const char *prefill_policy;  /**< the prefill side's policy ("cache_aware") */
+    const char *decode_policy;   /**< the decode side's policy ("least_load") */
 } kvr_route_cfg;
 
 /** One worker as configured. Strings are owned by the kvr_config (its arena). */
@@ -65,6 +74,10 @@ typedef struct kvr_worker_spec {
                                    is "dp_url#r", its name "NAME#r", its kv_events endpoints
                                    offset by r with rank_port_offset). NULL = a plain worker */
     int dp_rank;              /**< the rank (meaningful only with dp_url) */
+    kvr_worker_role role;     /**< `role: prefill | decode | both` (both); --prefill URL and
+                                   --decode URL add workers with that role */
+    uint32_t bootstrap_port;  /**< `bootstrap_port`: the SGLang disaggregation bootstrap port
+                                   of a prefill worker (0 = SGLang's default, 8998) */
     int line, col;        /**< 1-based position in the file; 0 from the command line */
 } kvr_worker_spec;
 
@@ -194,6 +207,10 @@ typedef struct kvr_config {
                                         `header:NAME`/`body:PATH` list (DESIGN §5 default) */
     size_t max_usage_bytes;        /**< --max-usage-scan-bytes: JSON response bytes kept to read
                                         `usage` (1 MiB); larger bodies are relayed, not counted */
+    size_t pd_max_prefill_bytes;   /**< --pd-max-prefill-bytes: a prefill worker's answer is
+                                        read whole up to this size (4 MiB) for its
+                                        kv_transfer_params and usage; a longer one is a
+                                        prefill failure */
     size_t teach_completion_max_bytes; /**< --teach-completion-max-bytes: a 2xx reply up to this
                                         size is taught with its prompt (262144; 0 = off) */
     kvr_kv_events_cfg kv;          /**< --max-kv-blocks, --kv-events-stale-ms,

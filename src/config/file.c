@@ -3,6 +3,7 @@
  * recurse without bound. Every problem is reported with its position and the walk goes on, so
  * one run shows them all. */
 #include "config/config.h"
+#include "workers/registry.h"
 
 #include <errno.h>
 #include <sys/stat.h>
@@ -54,10 +55,13 @@ static const char *const ADMIN_FLAGS[] = {"admin-host", "admin-port", "admin-tok
 static const char *const AUTH_KEYS[] = {"api_keys_file"};
 static const char *const AUTH_FLAGS[] = {"api-key-file"};
 static const char *const EGRESS_KEYS[] = {"allow", "deny"};
-static const char *const ROUTE_KEYS[] = {"name", "model", "aliases", "targets", "service"};
+static const char *const ROUTE_KEYS[] = {"name", "model", "aliases", "targets", "service", "pd"};
 /* Global flags that make no sense in the file (or have a section instead): never suggested. */
-static const char *const ARGV_ONLY[] = {"config", "check", "worker", "api-key-file",
-                                        "kv-events", "scorer"};
+static const char *const ARGV_ONLY[] = {"config", "check", "worker", "prefill", "decode",
+                                        "api-key-file", "kv-events", "scorer"};
+/* A route's `pd` mapping: each key is the route flag named "pd-" + key ('_' → '-'). */
+static const char *const PD_KEYS[] = {"mode", "prefill_policy", "decode_policy"};
+static const char *const PD_FLAGS[] = {"pd-mode", "pd-prefill-policy", "pd-decode-policy"};
 
 /* Bounds of a rate: far above any real rate, low enough that a limiter may scale it (to
  * tokens per millisecond in fixed point, say) without overflowing 64 bits. */
@@ -82,6 +86,10 @@ static const kvr_flag KV_RANK_PORT_OFFSET = {.name = "rank-port-offset", .type =
 static const kvr_flag WORKER_MAX_INFLIGHT = {.name = "max-inflight", .type = KVR_FLAG_U32,
                                              .off = offsetof(kvr_worker_spec, max_inflight),
                                              .min = 0, .max = 1e9};
+/* A prefill worker's SGLang bootstrap port. */
+static const kvr_flag WORKER_BOOTSTRAP_PORT = {.name = "bootstrap-port", .type = KVR_FLAG_U32,
+                                               .off = offsetof(kvr_worker_spec, bootstrap_port),
+                                               .min = 1, .max = 65535};
 
 __attribute__((format(printf, 3, 4))) static void fail(loader *l, const yaml_node_t *at,
                                                        const char *fmt, ...)
@@ -376,6 +384,29 @@ static const char *apply_route_key(loader *l, const kvr_flag *f, void *target,
 
 /* A mapping of flags into `target`: `listen`, `admin`, `auth` (fixed `keys`, each naming one of
  * `flags` of the global table), or `defaults` (keys NULL: the route table's names). */
+/* `defaults: {pd: {mode, prefill_policy, decode_policy}}`: the route flags pd-mode,
+ * pd-prefill-policy and pd-decode-policy of every route's defaults (`target`). */
+static void pd_defaults(loader *l, const yaml_node_t *k, const yaml_node_t *m, void *target)
+{
+    if (!want(l, k, m, YAML_MAPPING_NODE))
+        return;
+    yaml_node_t *kk, *v;
+    EACH_PAIR(m, p) {
+        if (!pair(l, m, p, &kk, &v))
+            continue;
+        size_t i = 0;
+        while (i < COUNT(PD_KEYS) && !is(kk, PD_KEYS[i]))
+            i++;
+        const kvr_flag *f = i < COUNT(PD_KEYS)
+                                ? kvr_flags_find(l->route_flags, l->nroute_flags, PD_FLAGS[i])
+                                : NULL;
+        if (f)
+            apply_route_key(l, f, target, kk, v);
+        else
+            unknown(l, kk, PD_KEYS, COUNT(PD_KEYS), NULL, 0);
+    }
+}
+
 static void settings(loader *l, const yaml_node_t *k, const yaml_node_t *m, void *target,
                      const char *const *keys, const char *const *flags, size_t n)
 {
@@ -391,7 +422,9 @@ static void settings(loader *l, const yaml_node_t *k, const yaml_node_t *m, void
         const kvr_flag *f = !keys ? flag_for(kk, l->route_flags, l->nroute_flags)
                             : i < n ? kvr_flags_find(l->flags, l->nflags, flags[i])
                                     : NULL;
-        if (f && !keys)
+        if (!keys && is(kk, "pd"))
+            pd_defaults(l, kk, v, target);
+        else if (f && !keys)
             apply_route_key(l, f, target, kk, v);
         else if (f)
             apply(l, f, target, kk, v);
@@ -406,7 +439,7 @@ static void settings(loader *l, const yaml_node_t *k, const yaml_node_t *m, void
  * mapping of the required key, a name, a weight, and the keys only one of them has (handled by
  * `more`, which returns 0 for a key it does not know). */
 typedef struct shape {
-    const char *keys[10]; /* every key, for the did-you-mean */
+    const char *keys[12]; /* every key, for the did-you-mean */
     size_t nkeys;
     const char *what;  /* singular, for "missing" */
     const char *plain; /* what a plain scalar item is */
@@ -490,14 +523,21 @@ static int worker_key(loader *l, const yaml_node_t *k, const yaml_node_t *v, voi
         apply(l, &WORKER_MAX_INFLIGHT, ws, k, v);
     else if (is(k, "data_parallel_size"))
         apply(l, &WORKER_DP_SIZE, ws, k, v);
-    else
+    else if (is(k, "bootstrap_port"))
+        apply(l, &WORKER_BOOTSTRAP_PORT, ws, k, v);
+    else if (is(k, "role")) {
+        const char *s = scalar(l, k, v, 1);
+        if (s && kvr_worker_role_parse(s, &ws->role) < 0)
+            fail(l, v, "role: '%s' (one of prefill, decode, both)", s);
+    } else
         return 0;
     return 1;
 }
 
 static const shape WORKER = {{"url", "name", "weight", "api_key_file", "api_key_env",
-                              "max_inflight", "kv_events", "lmcache", "data_parallel_size"},
-                             9, "worker", "a URL", worker_key};
+                              "max_inflight", "kv_events", "lmcache", "data_parallel_size",
+                              "role", "bootstrap_port"},
+                             11, "worker", "a URL", worker_key};
 static const shape TARGET = {{"worker", "model", "weight"}, 3, "target", "a worker name", NULL};
 
 /* One item `it` of list `k`. 0 when it has no usable first key (then it is not kept). `ctx`
@@ -625,6 +665,33 @@ static void aliases(loader *l, const yaml_node_t *k, const yaml_node_t *v, kvr_r
     strings(l, k, v, "a name or a list of names", &r->aliases, &r->naliases);
 }
 
+/* A route's `pd: {mode, prefill_policy, decode_policy}`: kept as the route settings pd_mode,
+ * pd_prefill_policy and pd_decode_policy (checked with the others once the flags are read). */
+static void pd_settings(loader *l, const yaml_node_t *k, const yaml_node_t *m, kvr_route_spec *r)
+{
+    if (!want(l, k, m, YAML_MAPPING_NODE))
+        return;
+    yaml_node_t *kk, *v;
+    EACH_PAIR(m, p) {
+        if (!pair(l, m, p, &kk, &v))
+            continue;
+        size_t i = 0;
+        while (i < COUNT(PD_KEYS) && !is(kk, PD_KEYS[i]))
+            i++;
+        const char *s;
+        if (i == COUNT(PD_KEYS)) {
+            unknown(l, kk, PD_KEYS, COUNT(PD_KEYS), NULL, 0);
+        } else if ((s = scalar(l, kk, v, 1))) {
+            char key[32];
+            snprintf(key, sizeof(key), "%s", PD_FLAGS[i]);
+            for (char *c = key; *c; c++)
+                *c = *c == '-' ? '_' : *c;
+            r->settings[r->nsettings++] = (kvr_setting){
+                .key = keep(l, key), .value = keep(l, s), .line = LINE(v), .col = COL(v)};
+        }
+    }
+}
+
 /* One item of `routes`. 0 when it has no usable name (then it is not kept). */
 static int route(loader *l, const yaml_node_t *k, const yaml_node_t *m, kvr_route_spec *r)
 {
@@ -633,7 +700,7 @@ static int route(loader *l, const yaml_node_t *k, const yaml_node_t *m, kvr_rout
         return 0;
     size_t npairs = (size_t)(m->data.mapping.pairs.top - m->data.mapping.pairs.start);
     if (npairs)
-        r->settings = kvr_config_alloc(l->c, npairs * sizeof(*r->settings));
+        r->settings = kvr_config_alloc(l->c, (npairs + COUNT(PD_KEYS)) * sizeof(*r->settings));
     yaml_node_t *kk, *v;
     const yaml_node_t *named = NULL, *named_key = NULL; /* the first of name/model */
     int bad_name = 0;
@@ -658,6 +725,8 @@ static int route(loader *l, const yaml_node_t *k, const yaml_node_t *m, kvr_rout
             const char *s = scalar(l, kk, v, 1);
             if (s)
                 r->k8s_service = keep(l, s);
+        } else if (is(kk, "pd")) {
+            pd_settings(l, kk, v, r);
         } else {
             const kvr_flag *f = flag_for(kk, l->route_flags, l->nroute_flags);
             if (!f) {

@@ -63,6 +63,8 @@ int kvr_access_line(kvr_buf *out, const kvr_span_facts *f, uint64_t wall_ms)
     json_object_set_new(o, "request_id", str_or_null(f->request_id));
     json_object_set_new(o, "route", str_or_null(f->route));
     json_object_set_new(o, "worker", str_or_null(f->worker));
+    if (f->prefill_worker) /* only on disaggregated requests: other lines keep their shape */
+        json_object_set_new(o, "prefill_worker", json_string(f->prefill_worker));
     json_object_set_new(o, "decision", str_or_null(f->decision));
     json_object_set_new(o, "match", f->match >= 0 ? json_real(round(f->match * 1e4) / 1e4)
                                                   : json_null());

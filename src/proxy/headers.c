@@ -1,6 +1,8 @@
 /* Hop-by-hop header filtering. */
 #include "proxy/headers.h"
 
+#include <stdio.h>
+
 #include <string.h>
 #include <strings.h>
 
@@ -37,4 +39,25 @@ int kvr_hop_by_hop(const char *name, size_t len, const char *connection)
     if (want && strncasecmp(name, want, len) == 0)
         return 1;
     return connection && listed_in(name, len, connection);
+}
+
+int kvr_worker_authorization(const kvr_worker *w, char *buf, size_t cap, kvr_http_header *out)
+{
+    if (!w->api_key)
+        return 0;
+    int n = snprintf(buf, cap, "Bearer %s", w->api_key);
+    if (n <= 0 || (size_t)n >= cap)
+        return 0;
+    *out = (kvr_http_header){"Authorization", 13, buf, (size_t)n};
+    return 1;
+}
+
+int kvr_worker_rank_header(const kvr_worker *w, char buf[KVR_RANK_HEADER_BUF],
+                           kvr_http_header *out)
+{
+    if (w->dp_rank < 0)
+        return 0;
+    int n = snprintf(buf, KVR_RANK_HEADER_BUF, "%d", w->dp_rank);
+    *out = (kvr_http_header){"X-data-parallel-rank", 20, buf, (size_t)n};
+    return 1;
 }

@@ -14,6 +14,8 @@
 #include "obs/status_stats.h"
 #include "proxy/admission.h"
 #include "proxy/headers.h"
+#include "proxy/body_edit.h"
+#include "proxy/pd.h"
 #include "cluster/cluster.h"
 #include "proxy/ratelimit.h"
 #include "proxy/spans.h"
@@ -105,20 +107,55 @@ typedef struct preq {
     const char *span_decision;
     double span_match;
     uint64_t att_start_ns, att_end_ns;
+    /* Prefill/decode disaggregation (route->pd): the stage this request is in. */
+    int pd;               /* 0, PD_DECODE (prefilled by pf_w) or PD_LOCAL (a decode worker
+                             prefills itself) */
+    kvr_pd_call *pd_call; /* the prefill call in flight */
+    kvr_worker *pf_w;     /* the prefill worker (taught; x-kvroute-prefill-worker) */
+    kvr_pick pf_pick;     /* its pick: the request's decision */
+    char *kvtp;           /* vLLM: the prefill answer's kv_transfer_params (JSON) */
+    size_t pf_tried[MAX_ATTEMPTS]; /* SGLang: prefill workers whose pair failed */
+    size_t npf_tried;
+    const char *pd_reason; /* ... and the last failure */
+    kvr_pd_bootstrap bs;  /* SGLang: the bootstrap both calls carry ... */
+    int has_bs;           /* ... when set */
     /* Not zeroed by preq_new (~7 KB a request would clear for nothing): each is written
      * before it is read (url and auth start as empty strings, fwd up to nfwd). */
     char url[URL_CAP];
     kvr_http_header fwd[MAX_FWD_HEADERS + 3];
     char auth[1100];      /* "Bearer <worker key>" of the current attempt */
-    char dp_rank[12];     /* the current attempt's X-data-parallel-rank value */
+    char dp_rank[KVR_RANK_HEADER_BUF]; /* the current attempt's X-data-parallel-rank value */
 } preq;
+
+enum { PD_DECODE = 1, PD_LOCAL = 2 };
 
 /* The worker learns from this request: its input lands in the worker's KV cache. A
  * request about a stored response, or one that only tokenizes (tokenize, detokenize,
- * count_tokens), teaches nothing. */
+ * count_tokens), teaches nothing; nor does a decode attempt, whose prompt's KV came from the
+ * prefill worker (taught by proxy/pd.c when it answered). */
 static int teaches(const preq *p)
 {
-    return !p->fixed && kvr_endpoint_fills_cache(p->ep);
+    return !p->fixed && kvr_endpoint_fills_cache(p->ep) && p->pd != PD_DECODE;
+}
+
+/* The pick the client is told of: a disaggregated request's prefill pick (its decode worker is
+ * x-kvroute-worker), else the worker's. */
+static const kvr_pick *shown(const preq *p)
+{
+    return p->pd == PD_DECODE ? &p->pf_pick : &p->pick;
+}
+
+/* Where picks and retries of the attempts relayed to the client are made: a disaggregated
+ * request's decode side once prefilled elsewhere, else the route. */
+static kvr_route *pick_route(const preq *p)
+{
+    return p->pd == PD_DECODE ? p->route->pd->decode : p->route;
+}
+
+/* The worker holding the request's prompt KV: where completion teaching goes. */
+static kvr_worker *cache_worker(const preq *p)
+{
+    return p->pd == PD_DECODE ? p->pf_w : p->w;
 }
 
 static void set_request_id(preq *p)
@@ -142,12 +179,13 @@ static void set_request_id(preq *p)
 
 static void count_decision(preq *p)
 {
-    if (p->counted || !p->pick.decision)
+    const kvr_pick *pk = shown(p);
+    if (p->counted || !pk->decision)
         return; /* no decision yet (queued, or fetching token ids): nothing to count */
     p->counted = 1;
-    const char *lv[] = {p->model, p->route->ops->name, p->pick.decision};
+    const char *lv[] = {p->model, p->route->ops->name, pk->decision};
     kvr_metric_inc(p->app->m.decisions, lv, 1);
-    kvr_status_stats_decision(p->app->status, p->pick.decision);
+    kvr_status_stats_decision(p->app->status, pk->decision);
 }
 
 static preq *g_live;
@@ -202,9 +240,10 @@ static void request_done(preq *p)
         return; /* never started (out of memory): answered and counted by kvr_reply_error */
     kvr_span_facts f;
     span_facts(p, &f);
-    f.decision = p->pick.decision;
-    f.match = p->pick.decision ? p->pick.match : -1;
+    f.decision = shown(p)->decision;
+    f.match = shown(p)->decision ? shown(p)->match : -1;
     f.worker = p->w ? p->w->url : NULL;
+    f.prefill_worker = p->pd == PD_DECODE ? p->pf_w->url : NULL;
     f.attempt = p->ntried;
     f.status = p->final_status;
     f.start_mono_ns = p->start_ns;
@@ -224,6 +263,12 @@ static void request_done(preq *p)
         attempt_span_close(p);
         kvr_span_server(p->app->otlp, &p->tr, &f);
     }
+    if (p->pd || p->pd_call) { /* (a request ended during its prefill stage counts too) */
+        const char *lv[] = {p->model, p->final_status / 100 != 2 ? "error"
+                                      : p->pd == PD_LOCAL    ? "local_prefill"
+                                                             : "ok"};
+        kvr_metric_inc(p->app->m.pd_requests, lv, 1);
+    }
     kvr_reply_done(p->app, &f);
 }
 
@@ -239,6 +284,8 @@ static void preq_free(preq *p)
         p->next->prev = p->prev;
     if (p->tok)
         kvr_tokenize_cancel(p->tok);
+    kvr_pd_call_cancel(p->pd_call);
+    free(p->kvtp);
     kvr_cluster_rate_cancel(p->rate_op);
     kvr_cluster_wait_cancel(p->warm_wait);
     if (p->prefilling)
@@ -375,8 +422,8 @@ static void teach_reply(preq *p)
     if (reply && kvr_route_text_append_reply(&p->keys.text, (kvr_route_kind)p->ep, reply) == 1) {
         p->keys.k.text = p->keys.text.data;
         p->keys.k.text_len = p->keys.text.len;
-        kvr_route_teach(p->route, p->w, &p->keys.k);
-        kvr_app_cluster_taught(p->app, p->route, p->w, &p->keys.k);
+        kvr_route_teach(p->route, cache_worker(p), &p->keys.k);
+        kvr_app_cluster_taught(p->app, p->route, cache_worker(p), &p->keys.k);
     }
     json_decref(reply);
 }
@@ -387,6 +434,10 @@ static void count_usage(preq *p)
     if (!p->usage.found)
         return;
     const char *lv[] = {p->model, p->w->url};
+    if (p->pd == PD_DECODE) { /* the prompt was counted where it was prefilled (proxy/pd.c) */
+        kvr_metric_inc(p->app->m.completion_tokens, lv, (double)p->usage.completion);
+        return;
+    }
     kvr_metric_inc(p->app->m.prompt_tokens, lv, (double)p->usage.prompt);
     kvr_metric_inc(p->app->m.cached_tokens, lv, (double)p->usage.cached);
     kvr_metric_inc(p->app->m.completion_tokens, lv, (double)p->usage.completion);
@@ -440,7 +491,8 @@ static int64_t parse_content_length(const char *v, size_t n)
 }
 
 static int retry_elsewhere(preq *p, const char *reason);
-static size_t exclude_full(preq *p, size_t *ex, size_t cap);
+static size_t exclude_full(preq *p, size_t *ex, size_t cap, size_t *nfull);
+static void local_prefill_label(preq *p);
 static void give_verdict(preq *p, int failure);
 
 /* OpenAI's x-ratelimit-* headers for a key with limits (6 entries at `out`); returns how many. */
@@ -525,21 +577,23 @@ static void on_headers(void *ud, int status, const kvr_http_header *h, size_t n)
             p->sse = 1;
         out[k++] = h[i];
     }
+    const kvr_pick *pk = shown(p);
     out[k++] = (kvr_http_header){"x-kvroute-worker", 16, p->w->url, strlen(p->w->url)};
-    out[k++] = (kvr_http_header){"x-kvroute-decision", 18, p->pick.decision,
-                                 strlen(p->pick.decision)};
+    out[k++] = (kvr_http_header){"x-kvroute-decision", 18, pk->decision, strlen(pk->decision)};
+    if (p->pd == PD_DECODE)
+        out[k++] = (kvr_http_header){"x-kvroute-prefill-worker", 24, p->pf_w->url,
+                                     strlen(p->pf_w->url)};
     out[k++] = (kvr_http_header){"x-request-id", 12, p->request_id, strlen(p->request_id)};
     _Static_assert(sizeof(p->attempts) >= KVR_FMT_U64_MAX, "attempts buffer");
     size_t an = kvr_fmt_u64(p->attempts, p->ntried);
     out[k++] = (kvr_http_header){"x-kvroute-attempts", 18, p->attempts, an};
     k += ratelimit_headers(p, out + k);
-    if (p->pick.match >= 0) {
-        snprintf(p->match, sizeof(p->match), "%.2f", p->pick.match);
+    if (pk->match >= 0) {
+        snprintf(p->match, sizeof(p->match), "%.2f", pk->match);
         out[k++] = (kvr_http_header){"x-kvroute-match", 15, p->match, strlen(p->match)};
     }
-    if (p->pick.index)
-        out[k++] = (kvr_http_header){"x-kvroute-index", 15, p->pick.index,
-                                     strlen(p->pick.index)};
+    if (pk->index)
+        out[k++] = (kvr_http_header){"x-kvroute-index", 15, pk->index, strlen(pk->index)};
     count_decision(p);
     int ok = status / 100 == 2;
     /* A stored response read again is no new work: its usage is not counted twice. */
@@ -567,7 +621,8 @@ static void on_headers(void *ud, int status, const kvr_http_header *h, size_t n)
      * the same buffer is kept (completion teaching usually keeps it anyway), not a copy. */
     int correctable = ok && teaches(p) && !p->unsettled && p->pick.use.runs &&
                       p->route->ops->correct && p->keys.k.text_len;
-    if (!p->teach_reply && !correctable)
+    /* A prefill call still in flight (SGLang's runs beside the decode) reads the keys. */
+    if (!p->teach_reply && !correctable && !p->pd_call)
         kvr_request_keys_free(&p->keys);
     else
         kvr_request_keys_set_tokens(&p->keys, NULL, 0); /* teaching reads the text only */
@@ -692,7 +747,7 @@ static void fail_before_headers(preq *p, kvr_upstream_err err, const char *msg)
     snprintf(p->attempts, sizeof(p->attempts), "%zu", p->ntried);
     kvr_http_header hs[] = {
         {"x-kvroute-worker", 16, p->w->url, strlen(p->w->url)},
-        {"x-kvroute-decision", 18, p->pick.decision, strlen(p->pick.decision)},
+        {"x-kvroute-decision", 18, shown(p)->decision, strlen(shown(p)->decision)},
         {"x-request-id", 12, p->request_id, strlen(p->request_id)},
         {"x-kvroute-attempts", 18, p->attempts, strlen(p->attempts)},
     };
@@ -755,18 +810,20 @@ static int retry_elsewhere(preq *p, const char *reason)
 {
     kvr_pick pick;
     const kvr_route_target *target;
-    size_t ex[MAX_ATTEMPTS + 256];
+    size_t ex[MAX_ATTEMPTS + 512], nfull;
     /* A retry replaces an attempt that is ending, so only the workers' own caps apply. */
-    size_t nex = exclude_full(p, ex, sizeof(ex) / sizeof(ex[0]));
+    size_t nex = exclude_full(p, ex, sizeof(ex) / sizeof(ex[0]), &nfull);
     if (p->fixed || p->ntried >= (size_t)p->app->cfg.max_retries + 1 ||
         p->ntried >= MAX_ATTEMPTS ||
-        kvr_route_pick(p->route, ex, nex, &p->keys.k, p->pin, p->pin_len, &pick, &target) < 0 ||
+        kvr_route_pick(pick_route(p), ex, nex, &p->keys.k, p->pin, p->pin_len, &pick,
+                       &target) < 0 ||
         !kvr_route_retry_allowed(p->route, p->app->cfg.retry_budget, kvr_now_ms()))
         return 0;
     const char *lv[] = {p->model, reason};
     kvr_metric_inc(p->app->m.retries, lv, 1);
     p->pick = pick;
     p->target = target;
+    local_prefill_label(p);
     p->status = 0;
     p->sse = 0;
     return start_attempt(p) ? 1 : -1;
@@ -875,20 +932,11 @@ static void build_forward_headers(preq *p)
 static size_t attempt_headers(preq *p)
 {
     p->nfwd = p->nfixed;
-    if (p->w->api_key) {
-        int n = snprintf(p->auth, sizeof(p->auth), "Bearer %s", p->w->api_key);
-        if (n > 0 && (size_t)n < sizeof(p->auth))
-            p->fwd[p->nfwd++] = (kvr_http_header){"Authorization", 13, p->auth, (size_t)n};
-    }
+    p->nfwd += kvr_worker_authorization(p->w, p->auth, sizeof(p->auth), &p->fwd[p->nfwd]);
     if (p->tr.on)
         p->fwd[p->nfwd++] = (kvr_http_header){"traceparent", 11, p->tr.traceparent,
                                               KVR_TRACEPARENT_LEN};
-    if (p->w->dp_rank >= 0) {
-        /* vLLM's API server sends a request carrying it to that data-parallel rank's engine
-         * core (vllm/entrypoints/openai/api_server.py, _get_data_parallel_rank). */
-        int n = snprintf(p->dp_rank, sizeof(p->dp_rank), "%d", p->w->dp_rank);
-        p->fwd[p->nfwd++] = (kvr_http_header){"X-data-parallel-rank", 20, p->dp_rank, (size_t)n};
-    }
+    p->nfwd += kvr_worker_rank_header(p->w, p->dp_rank, &p->fwd[p->nfwd]);
     return p->nfwd;
 }
 
@@ -1120,10 +1168,104 @@ void kvr_proxy_forward_pinned(kvr_app *app, kvr_http_req *r, kvr_route *route, k
     preq_start(p, NULL);
 }
 
-/* Routes a request whose keys are complete: a pick now, or a place in the queue. */
+static const kvr_pd_hooks pd_hooks = {slot_take, slot_give, attempt_count};
+
+/* No prefill worker can take the request (`reason`: none eligible, or the last failure): a
+ * decode (or both) worker prefills it itself, an ordinary request there. */
+static void pd_local(preq *p, const char *reason)
+{
+    p->pd = PD_LOCAL;
+    const char *lv[] = {p->model, reason};
+    kvr_metric_inc(p->app->m.pd_fallbacks, lv, 1);
+    KVR_INFO("msg=\"prefilling on a decode worker\" route=%s reason=%s request_id=%s", p->model,
+             reason, p->request_id);
+}
+
+static void route_now(preq *p);
+
+static void pd_done(void *ud, kvr_pd_result *res)
+{
+    preq *p = ud;
+    p->pd_call = NULL;
+    if (p->route->pd->mode == KVR_PD_SGLANG) {
+        /* The decode worker waits for this prefill's room: while nothing reached the client,
+         * the pair starts again with another prefill worker (a new room), or, when none is
+         * left, the decode worker prefills itself. */
+        if (res->ok || p->status)
+            return;
+        p->has_bs = 0;
+        p->pd_reason = res->reason;
+        if (p->waiter.queued) { /* its decode has not started: it is picked again anyway */
+            pd_local(p, res->reason);
+            return;
+        }
+        if (!p->att)
+            return;
+        kvr_upstream_cancel(p->att);
+        kvr_app_attempt_abandon(p->app, p->w, p->trial);
+        p->span_err = "prefill_failed";
+        attempt_ended(p, 0);
+        p->ntried = 0;
+        if (!res->client_error && p->npf_tried < MAX_ATTEMPTS &&
+            kvr_route_retry_allowed(p->route, p->app->cfg.retry_budget, kvr_now_ms())) {
+            p->pf_tried[p->npf_tried++] = res->worker->id;
+            const char *lv[] = {p->model, res->reason};
+            kvr_metric_inc(p->app->m.retries, lv, 1);
+            p->pd = 0; /* route_now: the prefill stage again */
+        } else {
+            pd_local(p, res->reason);
+        }
+        route_now(p);
+        return;
+    }
+    if (!res->ok) {
+        pd_local(p, res->reason);
+    } else {
+        p->kvtp = res->kvtp;
+        p->pf_w = res->worker;
+        p->pf_pick = res->pick;
+        p->pd = PD_DECODE;
+    }
+    route_now(p);
+}
+
+/* The prefill stage of a request on a disaggregated route (proxy/pd.h). Returns 1 when the
+ * request now waits for it (vLLM), 0 when routing goes on at once: to the decode side beside
+ * the prefill (SGLang), or to a local prefill when no prefill worker could start. */
+static int pd_begin(preq *p)
+{
+    size_t len;
+    const char *body = kvr_http_req_body(p->req, &len);
+    kvr_pd_request rq = {.app = p->app, .route = p->route, .ep = p->ep, .body = body,
+                         .len = len, .client_model = p->client_model, .model = p->model,
+                         .hdrs = p->fwd, .nhdrs = p->nfixed, .keys = &p->keys.k,
+                         .hooks = &pd_hooks, .exclude = p->pf_tried,
+                         .nexclude = p->npf_tried};
+    kvr_pd_result now;
+    p->pd_call = kvr_pd_call_start(&rq, pd_done, p, &now);
+    if (!p->pd_call) { /* after a failed SGLang pair, that failure is the reason */
+        pd_local(p, p->pd_reason && !strcmp(now.reason, "no_prefill_worker") ? p->pd_reason
+                                                                              : now.reason);
+        return 0;
+    }
+    if (p->route->pd->mode == KVR_PD_VLLM)
+        return 1;
+    p->pf_w = kvr_pd_call_worker(p->pd_call);
+    p->pf_pick = *kvr_pd_call_pick(p->pd_call);
+    p->bs = *kvr_pd_call_bootstrap(p->pd_call);
+    p->has_bs = 1;
+    p->pd = PD_DECODE;
+    return 0;
+}
+
+/* Routes a request whose keys are complete: a pick now, or a place in the queue. A request of
+ * a disaggregated route that generates goes through its prefill stage first. */
 static void route_now(preq *p)
 {
     kvr_app *app = p->app;
+    if (p->route->pd && !p->pd && !p->fixed &&
+        (p->ep == KVR_EP_CHAT || p->ep == KVR_EP_COMPLETIONS) && pd_begin(p))
+        return;
     int rc = pick_with_room(p, 1);
     if (rc < 0) {
         no_eligible(p);
@@ -1141,9 +1283,9 @@ static void route_now(preq *p)
 /* A slot is free for a request that has its pick: record the decision's match and start. */
 static void begin(preq *p)
 {
-    if (p->pick.match >= 0) {
+    if (shown(p)->match >= 0) {
         const char *lv[] = {p->model};
-        kvr_metric_observe(p->app->m.match_ratio, lv, p->pick.match);
+        kvr_metric_observe(p->app->m.match_ratio, lv, shown(p)->match);
     }
     start_attempt(p);
 }
@@ -1158,19 +1300,38 @@ static int engine_tried(const preq *p, const kvr_worker *w)
     return 0;
 }
 
-/* Workers of the route at their max_inflight, and the other ranks of the engines already
- * tried, added to the exclusion list after the tried ones; returns the list's new length. */
-static size_t exclude_full(preq *p, size_t *ex, size_t cap)
+/* The exclusion list of a pick: the tried workers, a disaggregated route's prefill workers
+ * when the request is not prefilled elsewhere (it prefills where it decodes), then the
+ * workers of the route at their max_inflight (`*nfull` of them) and the other ranks of the
+ * engines already tried; returns its length. */
+static size_t exclude_full(preq *p, size_t *ex, size_t cap, size_t *nfull)
 {
     size_t n = p->ntried;
     memcpy(ex, p->tried, n * sizeof(*ex));
-    for (size_t i = 0; i < p->route->ntargets && n < cap; i++) {
-        const kvr_worker *w = p->route->targets[i].worker;
-        if ((w->max_inflight && (uint64_t)kvr_worker_load(w) >= w->max_inflight) ||
-            (w->dp_rank >= 0 && engine_tried(p, w)))
+    if (p->pd != PD_DECODE)
+        n = kvr_route_role_exclude(p->route, 0, ex, n, cap);
+    size_t full = 0;
+    const kvr_route *r = pick_route(p);
+    for (size_t i = 0; i < r->ntargets && n < cap; i++) {
+        const kvr_worker *w = r->targets[i].worker;
+        if (r->pd && p->pd != PD_DECODE && w->role == KVR_ROLE_PREFILL)
+            continue; /* already out */
+        if (w->max_inflight && (uint64_t)kvr_worker_load(w) >= w->max_inflight) {
             ex[n++] = w->id;
+            full++; /* room may come: the request waits for it */
+        } else if (w->dp_rank >= 0 && engine_tried(p, w)) {
+            ex[n++] = w->id; /* no room to wait for: the engine failed this request */
+        }
     }
+    *nfull = full;
     return n;
+}
+
+/* A disaggregated request prefilling on a decode worker says so, whatever picked it. */
+static void local_prefill_label(preq *p)
+{
+    if (p->pd == PD_LOCAL)
+        p->pick.decision = "pd_local_prefill";
 }
 
 /* The pick of a request only p->fixed can answer: it alone holds the stored response, so a
@@ -1195,17 +1356,19 @@ static int pick_fixed(preq *p, int process)
  * but none has room now (wait); -1: no eligible worker at all. */
 static int pick_with_room(preq *p, int process)
 {
-    size_t ex[MAX_ATTEMPTS + 256];
+    size_t ex[MAX_ATTEMPTS + 512], nfull;
     if (p->fixed)
         return pick_fixed(p, process);
-    if (kvr_route_eligible(p->route, p->route->scratch) == 0)
+    kvr_route *r = pick_route(p);
+    if (kvr_route_eligible(r, r->scratch) == 0)
         return -1;
     if (process && p->app->cfg.max_inflight && g_inflight >= p->app->cfg.max_inflight)
         return 0;
-    size_t n = exclude_full(p, ex, sizeof(ex) / sizeof(ex[0]));
-    int rc = kvr_route_pick(p->route, ex, n, &p->keys.k, p->pin, p->pin_len, &p->pick,
-                            &p->target);
-    return rc == 0 ? 1 : n > p->ntried ? 0 : -1;
+    size_t n = exclude_full(p, ex, sizeof(ex) / sizeof(ex[0]), &nfull);
+    int rc = kvr_route_pick(r, ex, n, &p->keys.k, p->pin, p->pin_len, &p->pick, &p->target);
+    if (rc == 0)
+        local_prefill_label(p);
+    return rc == 0 ? 1 : nfull ? 0 : -1;
 }
 
 static void overloaded(kvr_app *app, kvr_http_req *r, const char *model, const char *reason,
@@ -1359,21 +1522,23 @@ static void reply_rate_limited(preq *p)
 static const char *attempt_body(preq *p, size_t *len)
 {
     const char *body = kvr_http_req_body(p->req, len);
-    if (!p->client_model || strcmp(p->target->model, p->client_model) == 0)
-        return body;
-    size_t vlen;
-    long at = kvr_json_member_span(body, *len, "model", &vlen);
-    json_t *s = json_string(p->target->model);
-    char *enc = s ? json_dumps(s, JSON_ENCODE_ANY) : NULL;
-    json_decref(s);
-    kvr_buf_reset(&p->body_rw);
-    if (at < 0 || !enc || kvr_buf_append(&p->body_rw, body, (size_t)at) < 0 ||
-        kvr_buf_puts(&p->body_rw, enc) < 0 ||
-        kvr_buf_append(&p->body_rw, body + at + vlen, *len - (size_t)at - vlen) < 0) {
-        free(enc);
+    kvr_body_edit e[KVR_PD_MAX_EDITS + 1];
+    size_t n = 0;
+    char *enc;
+    if (p->kvtp) /* vLLM's decode: the prefill's blocks to fetch */
+        n += kvr_pd_vllm_decode_edits(p->kvtp, strlen(p->kvtp), e + n);
+    if (p->has_bs) /* SGLang's decode: the prefill's bootstrap room */
+        n += kvr_pd_sglang_edits(&p->bs, e + n);
+    int m = kvr_body_edit_model(p->target->model, p->client_model, &enc, &e[n]);
+    if (m < 0)
         return NULL;
-    }
+    n += (size_t)m;
+    if (!n)
+        return body;
+    int rc = kvr_body_edit_apply(body, *len, e, n, &p->body_rw);
     free(enc);
+    if (rc < 0)
+        return NULL;
     *len = p->body_rw.len;
     return p->body_rw.data;
 }

@@ -4,7 +4,7 @@
 
 #include <stdio.h>
 
-#define MAX_ATTRS 20
+#define MAX_ATTRS 24
 
 static size_t attrs(const kvr_span_facts *f, int client, kvr_span_attr *a)
 {
@@ -20,6 +20,7 @@ static size_t attrs(const kvr_span_facts *f, int client, kvr_span_attr *a)
     if (f->match >= 0)
         D("kvroute.match_ratio", f->match);
     S("kvroute.worker", f->worker);
+    S("kvroute.prefill_worker", f->prefill_worker);
     S("kvroute.request_id", f->request_id);
     I(client ? "kvroute.attempt" : "kvroute.attempts", f->attempt);
     if (client)

@@ -16,6 +16,8 @@ typedef struct kvr_span_facts {
     const char *policy;      /**< kvroute.policy */
     const char *decision;    /**< kvroute.decision (x-kvroute-decision) */
     const char *worker;      /**< kvroute.worker: its base URL */
+    const char *prefill_worker; /**< kvroute.prefill_worker: a disaggregated request's prefill
+                                     worker (x-kvroute-prefill-worker), NULL otherwise */
     const char *url;         /**< url.full of an attempt */
     const char *request_id;  /**< kvroute.request_id (x-request-id) */
     const char *error;       /**< kvroute.error: why an attempt got no (whole) answer; on the

@@ -80,7 +80,59 @@ static void route_free(kvr_route *r)
     free(r->rows);
     free(r->name);
     state_unref(r->state);
+    if (r->pd)
+        kvr_route_unref(r->pd->decode);
+    free(r->pd);
     free(r);
+}
+
+const char *kvr_pd_mode_name(kvr_pd_mode m)
+{
+    return m == KVR_PD_SGLANG ? "sglang" : "vllm";
+}
+
+/* A route disaggregates when its definition names a decode policy and its targets hold both
+ * prefill-role workers and others. */
+static int disaggregated(const kvr_route_def *d)
+{
+    int prefill = 0, other = 0;
+    for (size_t i = 0; i < d->ntargets; i++) {
+        if (d->targets[i].worker->role == KVR_ROLE_PREFILL)
+            prefill = 1;
+        else
+            other = 1;
+    }
+    return d->decode_ops && prefill && other;
+}
+
+/* The decode side of `d`: a route of the same name over its decode and both targets. */
+static kvr_route_pd *pd_new(const kvr_route_def *d, kvr_route *prev)
+{
+    kvr_route_pd *pd = calloc(1, sizeof(*pd));
+    kvr_route_target *tg = calloc(d->ntargets, sizeof(*tg));
+    if (!pd || !tg) {
+        free(pd);
+        free(tg);
+        return NULL;
+    }
+    size_t n = 0;
+    for (size_t i = 0; i < d->ntargets; i++)
+        if (d->targets[i].worker->role != KVR_ROLE_PREFILL)
+            tg[n++] = d->targets[i];
+    kvr_route_def dd = *d;
+    dd.ops = d->decode_ops;
+    dd.decode_ops = NULL;
+    dd.targets = tg;
+    dd.ntargets = n;
+    dd.naliases = 0;
+    pd->mode = d->pd_mode;
+    pd->decode = kvr_route_new(&dd, prev && prev->pd ? prev->pd->decode : NULL);
+    free(tg);
+    if (!pd->decode) {
+        free(pd);
+        return NULL;
+    }
+    return pd;
 }
 
 kvr_route *kvr_route_new(const kvr_route_def *d, kvr_route *prev)
@@ -112,6 +164,8 @@ kvr_route *kvr_route_new(const kvr_route_def *d, kvr_route *prev)
         kvr_worker_ref(o->worker);
         r->ntargets++;
     }
+    if (ok && disaggregated(d))
+        ok = (r->pd = pd_new(d, prev)) != NULL;
     if (ok) {
         r->state = reuse_state(d, prev);
         if (r->state) {
@@ -223,10 +277,11 @@ int kvr_route_pick(kvr_route *r, const size_t *exclude, size_t nex, const kvr_ro
     return *target ? 0 : -1;
 }
 
-int kvr_route_explain(kvr_route *r, const kvr_route_keys *k, const char *pin, size_t pin_len,
-                      kvr_pick *out, const kvr_explain_row **rows, size_t *nrows)
+int kvr_route_explain(kvr_route *r, const size_t *exclude, size_t nex, const kvr_route_keys *k,
+                      const char *pin, size_t pin_len, kvr_pick *out,
+                      const kvr_explain_row **rows, size_t *nrows)
 {
-    size_t n = candidates(r, NULL, 0);
+    size_t n = candidates(r, exclude, nex);
     *rows = r->rows;
     *nrows = n;
     if (n == 0)
@@ -250,6 +305,14 @@ int kvr_route_explain(kvr_route *r, const kvr_route_keys *k, const char *pin, si
     if (rc == 0 && pinned(r, n, pin, pin_len, &pin_pick))
         *out = pin_pick;
     return rc;
+}
+
+size_t kvr_route_role_exclude(const kvr_route *r, int prefill, size_t *ex, size_t n, size_t cap)
+{
+    for (size_t i = 0; r->pd && i < r->ntargets && n < cap; i++)
+        if ((r->targets[i].worker->role == KVR_ROLE_PREFILL) != (prefill != 0))
+            ex[n++] = r->targets[i].worker->id;
+    return n;
 }
 
 void kvr_route_teach(kvr_route *r, kvr_worker *w, const kvr_route_keys *k)
@@ -312,6 +375,8 @@ void kvr_route_forget_worker(kvr_route *r, kvr_worker *w)
     if (r->ops->forget_worker)
         r->ops->forget_worker(r->state->policy, w);
     kvr_session_map_forget_worker(r->state->pins, w->id);
+    if (r->pd)
+        kvr_route_forget_worker(r->pd->decode, w);
 }
 
 void kvr_route_sweep(kvr_route *r, size_t max)
@@ -319,6 +384,8 @@ void kvr_route_sweep(kvr_route *r, size_t max)
     if (r->ops->sweep)
         r->ops->sweep(r->state->policy, max);
     kvr_session_map_sweep(r->state->pins, kvr_now_ms(), max);
+    if (r->pd)
+        kvr_route_sweep(r->pd->decode, max);
 }
 
 void kvr_route_stats(kvr_route *r, kvr_policy_stats *out)

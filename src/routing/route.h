@@ -30,6 +30,30 @@ typedef struct kvr_route_target {
 
 typedef struct kvr_route_state kvr_route_state;
 
+/** How a disaggregated route splits a request between its prefill and decode workers. */
+typedef enum kvr_pd_mode {
+    KVR_PD_VLLM = 0, /**< vLLM's NixlConnector (the vllm-project/router's two stages): the
+                          prefill worker gets a max_tokens 1 copy with kv_transfer_params,
+                          then the decode worker the request plus the prefill's answer's
+                          kv_transfer_params */
+    KVR_PD_SGLANG,   /**< SGLang's bootstrap: both get the request with bootstrap_host,
+                          bootstrap_port and bootstrap_room, at the same time */
+} kvr_pd_mode;
+
+/** "vllm" or "sglang", as the configuration spells them. */
+const char *kvr_pd_mode_name(kvr_pd_mode m);
+
+/** Prefill/decode disaggregation of a route (its targets include prefill-role workers and
+ *  decode- or both-role ones). The route itself is the prefill side: its policy
+ *  (prefill_policy) owns sessions, the prefix index, KV events and completion teaching, and
+ *  picks among its prefill-role targets (callers exclude the others,
+ *  kvr_route_role_exclude); `decode` is a route of its own over the decode and both
+ *  targets with decode_policy and its own state. */
+typedef struct kvr_route_pd {
+    kvr_pd_mode mode;
+    struct kvr_route *decode; /**< owned reference */
+} kvr_route_pd;
+
 /** A route. Read-only after creation except through the functions below. */
 typedef struct kvr_route {
     int refs;
@@ -46,6 +70,7 @@ typedef struct kvr_route {
     double *scratch_weights;       /**< ntargets slots: their target weights (policies get
                                         them as kvr_route_keys.weights) */
     kvr_explain_row *rows;         /**< ntargets slots: explain */
+    kvr_route_pd *pd;              /**< disaggregation (owned), NULL for an ordinary route */
 } kvr_route;
 
 /** What a new route is made of. Strings and arrays are copied. */
@@ -60,6 +85,11 @@ typedef struct kvr_route_def {
     size_t ntargets;
     size_t response_pins;            /**< capacity of the Responses API pin map */
     uint64_t response_pin_ttl_ms;    /**< its TTL */
+    const kvr_policy_ops *decode_ops; /**< the decode side's policy: with it, a route whose
+                                          targets include prefill-role workers and others is
+                                          disaggregated (`ops` is then its prefill side's);
+                                          NULL = never */
+    kvr_pd_mode pd_mode;             /**< with decode_ops */
 } kvr_route_def;
 
 /** Makes a route (refs = 1). When `prev` (the route of the same name in the table being
@@ -86,12 +116,19 @@ int kvr_route_pick(kvr_route *r, const size_t *exclude, size_t nex, const kvr_ro
                    const char *pin, size_t pin_len, kvr_pick *out,
                    const kvr_route_target **target);
 
-/** As kvr_route_pick over every eligible target (nothing excluded), also describing each
- *  one (its target weight included): `*rows` points to r->rows (valid until the next call on
- *  `r`), `*nrows` eligible rows.
+/** As kvr_route_pick over every eligible target whose worker id is not in `exclude` (nex
+ *  ids), also describing each one (its target weight included): `*rows` points to r->rows
+ *  (valid until the next call on `r`), `*nrows` eligible rows.
  *  Returns 0, or -1 when no target is eligible. */
-int kvr_route_explain(kvr_route *r, const kvr_route_keys *k, const char *pin, size_t pin_len,
-                      kvr_pick *out, const kvr_explain_row **rows, size_t *nrows);
+int kvr_route_explain(kvr_route *r, const size_t *exclude, size_t nex, const kvr_route_keys *k,
+                      const char *pin, size_t pin_len, kvr_pick *out,
+                      const kvr_explain_row **rows, size_t *nrows);
+
+/** Appends to `ex` (n ids there, room for cap) the worker ids of `r`'s targets that are not
+ *  on one side of a disaggregated route: with `prefill`, those whose role is not prefill
+ *  (what a prefill pick excludes); without, the prefill-role ones (what a decode or local
+ *  prefill pick excludes). Returns the new count (nothing added for an ordinary route). */
+size_t kvr_route_role_exclude(const kvr_route *r, int prefill, size_t *ex, size_t n, size_t cap);
 
 /** The target of `w` in `r`, or NULL when `w` is not one. */
 const kvr_route_target *kvr_route_target_of(const kvr_route *r, const kvr_worker *w);

@@ -507,30 +507,52 @@ static int key_equals(const char *k, size_t n, const char *key, size_t klen)
     return j == klen;
 }
 
-long kvr_json_member_span(const char *buf, size_t len, const char *key, size_t *vlen)
+int kvr_json_member_next(const char *buf, size_t len, size_t *pos, kvr_json_member *m)
 {
-    size_t klen = strlen(key), i = skip_ws(buf, len, 0);
-    long found = -1;
-    if (i >= len || buf[i] != '{')
-        return -1;
-    i++;
-    while (1) {
+    size_t i = *pos;
+    if (i == 0) { /* the object's opening brace */
+        i = skip_ws(buf, len, 0);
+        if (i >= len || buf[i] != '{')
+            return -1;
+        i++;
+    } else {
         i = skip_ws(buf, len, i);
-        if (i >= len || buf[i] != '"')
-            return found;
-        size_t ks = i + 1, ke = skip_value(buf, len, i) - 1;
-        i = skip_ws(buf, len, ke + 1);
-        if (i >= len || buf[i] != ':')
-            return found;
-        i = skip_ws(buf, len, i + 1);
-        size_t ve = skip_value(buf, len, i);
-        if (key_equals(buf + ks, ke - ks, key, klen)) {
-            found = (long)i;
-            *vlen = ve - i;
-        }
-        i = skip_ws(buf, len, ve);
         if (i >= len || buf[i] != ',')
-            return found;
+            return 0;
         i++;
     }
+    i = skip_ws(buf, len, i);
+    if (i >= len || buf[i] != '"')
+        return 0;
+    m->start = i;
+    m->key = i + 1;
+    size_t ke = skip_value(buf, len, i) - 1;
+    m->key_len = ke - m->key;
+    i = skip_ws(buf, len, ke + 1);
+    if (i >= len || buf[i] != ':')
+        return -1;
+    i = skip_ws(buf, len, i + 1);
+    m->value = i;
+    m->end = skip_value(buf, len, i);
+    m->value_len = m->end - i;
+    *pos = m->end;
+    return 1;
+}
+
+int kvr_json_member_is(const char *buf, const kvr_json_member *m, const char *key)
+{
+    return key_equals(buf + m->key, m->key_len, key, strlen(key));
+}
+
+long kvr_json_member_span(const char *buf, size_t len, const char *key, size_t *vlen)
+{
+    size_t pos = 0;
+    long found = -1;
+    kvr_json_member m;
+    while (kvr_json_member_next(buf, len, &pos, &m) == 1)
+        if (kvr_json_member_is(buf, &m, key)) {
+            found = (long)m.value;
+            *vlen = m.value_len;
+        }
+    return found;
 }

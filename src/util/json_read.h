@@ -36,4 +36,22 @@ json_t *kvr_json_read(const char *buf, size_t len, json_error_t *err);
  *  one value of a client's body without re-serialising the rest. */
 long kvr_json_member_span(const char *buf, size_t len, const char *key, size_t *vlen);
 
+/** One top-level member of a JSON object, as byte offsets into the document. */
+typedef struct kvr_json_member {
+    size_t start;     /**< its key's opening quote */
+    size_t key;       /**< the key's first byte (after the quote), as written (escapes kept) */
+    size_t key_len;
+    size_t value;     /**< its value's first byte */
+    size_t value_len; /**< quotes included for a string */
+    size_t end;       /**< just past the value */
+} kvr_json_member;
+
+/** Iterates the top-level members of `len` bytes of valid JSON whose top level is an object
+ *  (a body kvr_json_read accepted), in order: `*pos` starts at 0 and is advanced. Returns 1
+ *  with `*m` filled, 0 after the last member, -1 when the top level is no object. */
+int kvr_json_member_next(const char *buf, size_t len, size_t *pos, kvr_json_member *m);
+/** 1 when member `m` of `buf` is named `key` (ASCII; escapes decoded as in
+ *  kvr_json_member_span), else 0. */
+int kvr_json_member_is(const char *buf, const kvr_json_member *m, const char *key);
+
 #endif

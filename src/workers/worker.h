@@ -6,8 +6,8 @@
 
 #include "workers/breaker.h"
 
-/** A worker's part in prefill/decode disaggregation. Stored and shown; nothing routes by it
- *  yet. */
+/** A worker's part in prefill/decode disaggregation: a route with prefill workers among its
+ *  targets is disaggregated (routing/route.h, proxy/pd.h). */
 typedef enum kvr_worker_role {
     KVR_ROLE_BOTH = 0, /**< prefills and decodes (every worker until roles are configured) */
     KVR_ROLE_PREFILL,  /**< prefill only */
@@ -33,7 +33,10 @@ typedef struct kvr_worker {
     char *name;             /**< its name in the config (defaults to the URL); routes' targets
                                  and the admin paths name it */
     double weight;          /**< configured weight (1): the default weight of its targets */
-    kvr_worker_role role;   /**< KVR_ROLE_BOTH unless added with another (POST /workers) */
+    kvr_worker_role role;   /**< KVR_ROLE_BOTH unless configured (`role`, --prefill,
+                                 --decode) or added with another (POST /workers) */
+    uint16_t bootstrap_port; /**< SGLang disaggregation bootstrap port of a prefill worker
+                                  (`bootstrap_port`; 8998, SGLang's default, unless set) */
     char *api_key;          /**< the worker's own API key (owned; NULL = none), sent as
                                  `Authorization: Bearer` on every request kvroute makes to it;
                                  never logged or shown */

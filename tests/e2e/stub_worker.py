@@ -23,8 +23,13 @@ Endpoints
   GET  /stub/log            JSON: {"requests": [...], "connections_accepted": N, "health_checks": N}
   POST /stub/reset          clears the log
   POST /stub/config         JSON object: any of mode, events, interval_ms, health_status,
-                            models_status, model, lmcache, lmcache_status, lmcache_delay_ms
-                            (sets the defaults for later requests)
+                            models_status, model, lmcache, lmcache_status, lmcache_delay_ms,
+                            kv_transfer_params (sets the defaults for later requests)
+
+Prefill/decode: a JSON request whose kv_transfer_params has do_remote_decode true is answered
+with kv_transfer_params (an emulated vLLM NixlConnector: remote_engine_id = the stub's name,
+remote_block_ids [1, 2, 3], remote_host/port its own), or with what /stub/config's
+kv_transfer_params says ("auto" = that, null = none, an object = sent as is).
 
 Per-request control headers (they travel through kvroute, which forwards client headers)
   x-stub-mode: comma-separated directives, e.g. "sse,delay:200" or "json,drop_after:10"
@@ -59,7 +64,8 @@ stall_after/drop_after count events of that list.
 
 Log entry fields (times are time.monotonic(), CLOCK_MONOTONIC, comparable with the tests' own
 time.monotonic()): seq, conn_id, conn_request_index, method, path, target, version, headers
-([name, value] as received), body_len, body_sha256, model, stream, mode, status, t_start (request
+([name, value] as received), body_len, body_json (the parsed body when a JSON object of at most
+64 KiB, else null), body_sha256, model, stream, mode, status, t_start (request
 fully read), t_headers_sent, t_end, event_times, events_sent, bytes_written (response body bytes
 handed to the socket, framing excluded), resp_body_sha256, wire_bytes_written, write_blocked_ms,
 blocked_now, client_gone, t_client_gone, ended ("complete", "client_gone", "dropped", "reset",
@@ -105,6 +111,7 @@ class Stub:
         self.lmcache = None
         self.lmcache_status = 200
         self.lmcache_delay_ms = 0
+        self.kv_transfer_params = "auto"
         self.lmcache_polls = 0
         self.lmcache_headers = None
         self.server = None
@@ -431,6 +438,7 @@ class Conn:
             "version": req["version"],
             "headers": req["headers"],
             "body_len": len(body),
+            "body_json": obj if isinstance(obj, dict) and len(body) <= 65536 else None,
             "body_sha256": hashlib.sha256(body).hexdigest(),
             "model": model if isinstance(model, str) else None,
             "stream": stream,
@@ -507,7 +515,7 @@ class Conn:
             try:
                 cfg = json.loads(req["body"] or b"{}")
                 for k in ("mode", "events", "interval_ms", "health_status", "models_status", "model",
-                          "lmcache", "lmcache_status", "lmcache_delay_ms"):
+                          "lmcache", "lmcache_status", "lmcache_delay_ms", "kv_transfer_params"):
                     if k in cfg:
                         setattr(st, k, cfg[k])
             except Exception as ex:
@@ -583,8 +591,24 @@ class Conn:
         if sse:
             events = sse_events(kind, e["seq"], model, nevents, prompt_tokens, usage_req, st.name)
             return await self.respond_sse(req, e, events, interval, directives)
-        body = json_body(kind, e["seq"], model, nevents, prompt_tokens, st.name)
+        body = json_body(kind, e["seq"], model, nevents, prompt_tokens, st.name,
+                         self.kv_transfer_answer(obj))
         return await self.respond_json(req, e, 200, body, directives)
+
+    def kv_transfer_answer(self, obj):
+        """An emulated vLLM NixlConnector: a request asking for a remote decode is answered
+        with the parameters a decode worker needs to fetch its blocks (or, per /stub/config
+        kv_transfer_params, none (null) or a given object)."""
+        kv = obj.get("kv_transfer_params")
+        if not (isinstance(kv, dict) and kv.get("do_remote_decode") is True):
+            return None
+        cfg = self.stub.kv_transfer_params
+        if cfg != "auto":
+            return cfg
+        port = self.stub.server.sockets[0].getsockname()[1]
+        return {"do_remote_prefill": True, "do_remote_decode": False,
+                "remote_engine_id": self.stub.name, "remote_block_ids": [1, 2, 3],
+                "remote_host": "127.0.0.1", "remote_port": port, "tp_size": 1}
 
     def common_headers(self, req, status):
         # Keep-Alive and a Connection-nominated header are hop-by-hop: kvroute must drop them.
@@ -843,7 +867,7 @@ def sse_events(kind, seq, model, n, prompt_tokens, include_usage, name):
     return evs
 
 
-def json_body(kind, seq, model, n, prompt_tokens, name):
+def json_body(kind, seq, model, n, prompt_tokens, name, kv_transfer_params=None):
     text = "".join("tok%d " % i for i in range(n))
     if kind == "chat":
         obj = {"id": "chatcmpl-stub-%d" % seq, "object": "chat.completion", "created": 1700000000,
@@ -867,6 +891,8 @@ def json_body(kind, seq, model, n, prompt_tokens, name):
                            "content": [{"type": "output_text", "text": text, "annotations": []}]}],
                "usage": {"input_tokens": prompt_tokens, "output_tokens": n,
                          "total_tokens": prompt_tokens + n}}
+    if kv_transfer_params is not None:
+        obj["kv_transfer_params"] = kv_transfer_params
     return json.dumps(obj).encode()
 
 

@@ -601,6 +601,56 @@ static void lmcache_file(void **state)
     done(l);
 }
 
+/* Prefill/decode disaggregation: a worker's role and bootstrap_port, a route's `pd` mapping
+ * (kept as its pd_mode, pd_prefill_policy and pd_decode_policy settings). */
+static void pd_file(void **state)
+{
+    (void)state;
+    loaded *l = load("workers:\n"
+                     "  - {url: http://127.0.0.1:9001, role: prefill, bootstrap_port: 9100}\n"
+                     "  - {url: http://127.0.0.1:9002, role: decode}\n"
+                     "  - http://127.0.0.1:9003\n"
+                     "routes:\n"
+                     "  - name: m\n"
+                     "    pd: {mode: sglang, decode_policy: round_robin}\n"
+                     "    targets: [http://127.0.0.1:9001, http://127.0.0.1:9002]\n");
+    kvr_errlist_print(&l->errs, stderr, "unexpected: ");
+    assert_int_equal(l->rc, 0);
+    assert_int_equal(l->c.workers[0].role, KVR_ROLE_PREFILL);
+    assert_int_equal(l->c.workers[0].bootstrap_port, 9100);
+    assert_int_equal(l->c.workers[1].role, KVR_ROLE_DECODE);
+    assert_int_equal(l->c.workers[2].role, KVR_ROLE_BOTH);
+    const kvr_route_spec *r = &l->c.routes[0];
+    assert_int_equal(r->nsettings, 2);
+    assert_string_equal(r->settings[0].key, "pd_mode");
+    assert_string_equal(r->settings[0].value, "sglang");
+    assert_string_equal(r->settings[1].key, "pd_decode_policy");
+    assert_string_equal(r->settings[1].value, "round_robin");
+    done(l);
+
+    l = load("defaults: {pd: {mode: sglang, prefill_policy: round_robin}}\n"
+             "workers: [http://a]\n");
+    kvr_errlist_print(&l->errs, stderr, "unexpected: ");
+    assert_int_equal(l->rc, 0);
+    assert_string_equal(l->c.route.pd_mode, "sglang");
+    assert_string_equal(l->c.route.prefill_policy, "round_robin");
+    assert_string_equal(l->c.route.decode_policy, "least_load");
+    done(l);
+
+    l = load("workers:\n"
+             "  - {url: http://a, role: prefil}\n"
+             "  - {url: http://b, bootstrap_port: 0}\n"
+             "routes:\n"
+             "  - {name: m, pd: {mdoe: vllm}, targets: [http://a]}\n");
+    assert_int_equal(l->rc, -1);
+    assert_error(l, 0, "2:27: role: 'prefil' (one of prefill, decode, both)");
+    assert_error(l, 1, "3:37: bootstrap_port: bad value '0' (expected an integer in [1, "
+                       "65535])");
+    assert_error(l, 2, "5:20: unknown key 'mdoe' (did you mean 'mode'?)");
+    assert_int_equal(l->errs.n, 3);
+    done(l);
+}
+
 /* pipeline `scorers`: a mapping per route, in `defaults` or at the top level, that replaces the
  * default weights entirely; --scorer NAME=WEIGHT (repeatable) on the command line, whose first
  * one replaces the file's. */
@@ -673,7 +723,7 @@ int main(void)
         cmocka_unit_test(unreadable_and_empty), cmocka_unit_test(appends),
         cmocka_unit_test(caps),        cmocka_unit_test(cyclic_alias),
         cmocka_unit_test(security_file), cmocka_unit_test(security_errors),
-        cmocka_unit_test(lmcache_file),
+        cmocka_unit_test(lmcache_file), cmocka_unit_test(pd_file),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

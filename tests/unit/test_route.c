@@ -230,7 +230,7 @@ static void test_target_weights_reach_the_policy(void **state)
     const kvr_explain_row *rows;
     size_t n;
     kvr_route_keys k = keys("x");
-    assert_int_equal(kvr_route_explain(r, &k, NULL, 0, &p, &rows, &n), 0);
+    assert_int_equal(kvr_route_explain(r, NULL, 0, &k, NULL, 0, &p, &rows, &n), 0);
     assert_int_equal(n, 2);
     assert_true(rows[0].weight == 3 && rows[1].weight == 1);
     assert_int_equal(kvr_route_pick(r, NULL, 0, NULL, NULL, 0, &p, &tg), 0);
@@ -276,6 +276,55 @@ static void test_member_span(void **state)
     assert_int_equal(kvr_json_member_span("{}", 2, "model", &vlen), -1);
 }
 
+/* A route with a prefill-role target and others is disaggregated: its decode side holds the
+ * others with the decode policy; the role exclusions split the targets; a reload keeps both
+ * sides' state; without a decode policy, or without a prefill worker, it stays ordinary. */
+static void test_pd_sides(void **state)
+{
+    fx *f = *state;
+    f->w[0]->role = KVR_ROLE_PREFILL;
+    f->w[1]->role = KVR_ROLE_DECODE;
+    kvr_route_target t[3] = {{f->w[0], NULL, 0}, {f->w[1], NULL, 0}, {f->w[2], NULL, 0}};
+    kvr_route_def d = {.name = "m", .ops = &kvr_policy_cache_aware, .cfg = &f->cfg,
+                       .targets = t, .ntargets = 3, .decode_ops = &kvr_policy_least_load,
+                       .pd_mode = KVR_PD_SGLANG};
+    kvr_route *r = kvr_route_new(&d, NULL);
+    assert_non_null(r->pd);
+    assert_int_equal(r->pd->mode, KVR_PD_SGLANG);
+    kvr_route *dr = r->pd->decode;
+    assert_int_equal(dr->ntargets, 2);
+    assert_ptr_equal(dr->targets[0].worker, f->w[1]);
+    assert_ptr_equal(dr->targets[1].worker, f->w[2]);
+    assert_ptr_equal(dr->ops, &kvr_policy_least_load);
+    size_t ex[8];
+    assert_int_equal(kvr_route_role_exclude(r, 1, ex, 0, 8), 2); /* a prefill pick */
+    assert_int_equal(ex[0], f->w[1]->id);
+    assert_int_equal(ex[1], f->w[2]->id);
+    assert_int_equal(kvr_route_role_exclude(r, 0, ex, 0, 8), 1); /* a decode pick */
+    assert_int_equal(ex[0], f->w[0]->id);
+    kvr_pick p;
+    const kvr_route_target *tg;
+    kvr_route_keys k = keys("hello");
+    assert_int_equal(kvr_route_pick(r, ex, kvr_route_role_exclude(r, 1, ex, 0, 8), &k, NULL, 0,
+                                    &p, &tg), 0);
+    assert_ptr_equal(p.worker, f->w[0]);
+    kvr_route *r2 = kvr_route_new(&d, r);
+    assert_ptr_equal(r2->state, r->state);
+    assert_ptr_equal(r2->pd->decode->state, r->pd->decode->state);
+    kvr_route_unref(r2);
+    kvr_route_unref(r);
+    d.decode_ops = NULL;
+    r = kvr_route_new(&d, NULL);
+    assert_null(r->pd);
+    assert_int_equal(kvr_route_role_exclude(r, 1, ex, 0, 8), 0);
+    kvr_route_unref(r);
+    f->w[0]->role = KVR_ROLE_BOTH;
+    d.decode_ops = &kvr_policy_least_load;
+    r = kvr_route_new(&d, NULL);
+    assert_null(r->pd);
+    kvr_route_unref(r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -288,6 +337,7 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_target_weights_reach_the_policy, setup, teardown),
         cmocka_unit_test(test_member_span),
+        cmocka_unit_test_setup_teardown(test_pd_sides, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
