@@ -382,11 +382,12 @@ static const char *apply_route_key(loader *l, const kvr_flag *f, void *target,
                                        : apply(l, f, target, k, v);
 }
 
-/* A mapping of flags into `target`: `listen`, `admin`, `auth` (fixed `keys`, each naming one of
- * `flags` of the global table), or `defaults` (keys NULL: the route table's names). */
-/* `defaults: {pd: {mode, prefill_policy, decode_policy}}`: the route flags pd-mode,
- * pd-prefill-policy and pd-decode-policy of every route's defaults (`target`). */
-static void pd_defaults(loader *l, const yaml_node_t *k, const yaml_node_t *m, void *target)
+/* The pairs of a `pd: {mode, prefill_policy, decode_policy}` mapping: `each` gets the index of
+ * each known key in PD_KEYS (PD_FLAGS names its flag); unknown keys are reported here. */
+static void pd_walk(loader *l, const yaml_node_t *k, const yaml_node_t *m,
+                    void (*each)(loader *l, size_t i, const yaml_node_t *kk, const yaml_node_t *v,
+                                 void *ctx),
+                    void *ctx)
 {
     if (!want(l, k, m, YAML_MAPPING_NODE))
         return;
@@ -397,16 +398,25 @@ static void pd_defaults(loader *l, const yaml_node_t *k, const yaml_node_t *m, v
         size_t i = 0;
         while (i < COUNT(PD_KEYS) && !is(kk, PD_KEYS[i]))
             i++;
-        const kvr_flag *f = i < COUNT(PD_KEYS)
-                                ? kvr_flags_find(l->route_flags, l->nroute_flags, PD_FLAGS[i])
-                                : NULL;
-        if (f)
-            apply_route_key(l, f, target, kk, v);
-        else
+        if (i == COUNT(PD_KEYS))
             unknown(l, kk, PD_KEYS, COUNT(PD_KEYS), NULL, 0);
+        else
+            each(l, i, kk, v, ctx);
     }
 }
 
+/* `defaults: {pd: {mode, prefill_policy, decode_policy}}`: the route flags pd-mode,
+ * pd-prefill-policy and pd-decode-policy of every route's defaults (`ctx`). */
+static void pd_default(loader *l, size_t i, const yaml_node_t *kk, const yaml_node_t *v,
+                       void *ctx)
+{
+    const kvr_flag *f = kvr_flags_find(l->route_flags, l->nroute_flags, PD_FLAGS[i]);
+    if (f)
+        apply_route_key(l, f, ctx, kk, v);
+}
+
+/* A mapping of flags into `target`: `listen`, `admin`, `auth` (fixed `keys`, each naming one of
+ * `flags` of the global table), or `defaults` (keys NULL: the route table's names). */
 static void settings(loader *l, const yaml_node_t *k, const yaml_node_t *m, void *target,
                      const char *const *keys, const char *const *flags, size_t n)
 {
@@ -423,7 +433,7 @@ static void settings(loader *l, const yaml_node_t *k, const yaml_node_t *m, void
                             : i < n ? kvr_flags_find(l->flags, l->nflags, flags[i])
                                     : NULL;
         if (!keys && is(kk, "pd"))
-            pd_defaults(l, kk, v, target);
+            pd_walk(l, kk, v, pd_default, target);
         else if (f && !keys)
             apply_route_key(l, f, target, kk, v);
         else if (f)
@@ -667,29 +677,19 @@ static void aliases(loader *l, const yaml_node_t *k, const yaml_node_t *v, kvr_r
 
 /* A route's `pd: {mode, prefill_policy, decode_policy}`: kept as the route settings pd_mode,
  * pd_prefill_policy and pd_decode_policy (checked with the others once the flags are read). */
-static void pd_settings(loader *l, const yaml_node_t *k, const yaml_node_t *m, kvr_route_spec *r)
+static void pd_setting(loader *l, size_t i, const yaml_node_t *kk, const yaml_node_t *v,
+                       void *ctx)
 {
-    if (!want(l, k, m, YAML_MAPPING_NODE))
+    kvr_route_spec *r = ctx;
+    const char *s = scalar(l, kk, v, 1);
+    if (!s)
         return;
-    yaml_node_t *kk, *v;
-    EACH_PAIR(m, p) {
-        if (!pair(l, m, p, &kk, &v))
-            continue;
-        size_t i = 0;
-        while (i < COUNT(PD_KEYS) && !is(kk, PD_KEYS[i]))
-            i++;
-        const char *s;
-        if (i == COUNT(PD_KEYS)) {
-            unknown(l, kk, PD_KEYS, COUNT(PD_KEYS), NULL, 0);
-        } else if ((s = scalar(l, kk, v, 1))) {
-            char key[32];
-            snprintf(key, sizeof(key), "%s", PD_FLAGS[i]);
-            for (char *c = key; *c; c++)
-                *c = *c == '-' ? '_' : *c;
-            r->settings[r->nsettings++] = (kvr_setting){
-                .key = keep(l, key), .value = keep(l, s), .line = LINE(v), .col = COL(v)};
-        }
-    }
+    char key[32];
+    snprintf(key, sizeof(key), "%s", PD_FLAGS[i]);
+    for (char *c = key; *c; c++)
+        *c = *c == '-' ? '_' : *c;
+    r->settings[r->nsettings++] = (kvr_setting){
+        .key = keep(l, key), .value = keep(l, s), .line = LINE(v), .col = COL(v)};
 }
 
 /* One item of `routes`. 0 when it has no usable name (then it is not kept). */
@@ -726,7 +726,7 @@ static int route(loader *l, const yaml_node_t *k, const yaml_node_t *m, kvr_rout
             if (s)
                 r->k8s_service = keep(l, s);
         } else if (is(kk, "pd")) {
-            pd_settings(l, kk, v, r);
+            pd_walk(l, kk, v, pd_setting, r);
         } else {
             const kvr_flag *f = flag_for(kk, l->route_flags, l->nroute_flags);
             if (!f) {
