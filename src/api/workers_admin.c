@@ -179,13 +179,16 @@ int kvr_admin_worker_parse(const json_t *body, kvr_api_worker *out, char *msg, s
                           uv ? "'%s' must be a string: the worker's base URL"
                              : "'%s' is required: the worker's base URL",
                           "url");
-    if (strlen(url) > URL_MAX || !kvr_config_url_ok(url))
+    if (strlen(url) > URL_MAX || !kvr_config_worker_url_ok(url))
         return parse_fail(out, msg, cap, "'%s' must be an http://HOST[:PORT] URL", "url");
     v = json_object_get(body, "name");
     const char *name = v ? json_string_value(v) : url;
     if (!name || !*name || strlen(name) > WORKER_NAME_MAX || !printable(name))
         return parse_fail(out, msg, cap, "'%s' must be a non-empty string of printable "
                           "characters, at most 256 bytes", "name");
+    if (kvr_config_rank_name(name))
+        return parse_fail(out, msg, cap, "'%s' may not end in #N: those are the names of "
+                          "data-parallel ranks", "name");
     v = json_object_get(body, "weight");
     if (v && (!json_is_number(v) || !(json_number_value(v) > 0) ||
               json_number_value(v) > 1e6))

@@ -44,8 +44,9 @@ void kvr_admin_workers(kvr_app *app, kvr_http_req *r);
 void kvr_admin_worker(kvr_app *app, kvr_http_req *r);
 
 /** Reads a POST /workers body into `out` (strings copied; free with kvr_api_worker_free()):
- *  `url` required, an http:// worker URL (kvr_config_url_ok) of at most 1024 bytes; `name`
- *  a non-empty string of printable bytes, at most 256 (default: the URL); `weight` a number
+ *  `url` required, an http:// worker URL (kvr_config_worker_url_ok: no query, no fragment)
+ *  of at most 1024 bytes; `name` a non-empty string of printable bytes, at most 256 (default:
+ *  the URL), not ending in #N (kvr_config_rank_name); `weight` a number
  *  in (0, 1e6] (default 1); `routes` an array of at most 256 non-empty strings (given:
  *  routes_set); `role` "both" (default), "prefill" or "decode"; `bootstrap_port` an integer
  *  1-65535 (a prefill worker's SGLang bootstrap port; default 8998); `data_parallel_size` an

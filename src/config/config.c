@@ -699,15 +699,29 @@ static void check_egress(const kvr_config *c, kvr_errlist *errs)
     kvr_egress_free(e);
 }
 
+int kvr_config_rank_name(const char *name)
+{
+    const char *h = strrchr(name, '#');
+    return h && h[1] && strspn(h + 1, "0123456789") == strlen(h + 1);
+}
+
+int kvr_config_worker_url_ok(const char *u)
+{
+    return kvr_config_url_ok(u) && !strchr(u, '?');
+}
+
 static void check_workers(const kvr_config *c, kvr_errlist *errs)
 {
     char at[600];
     for (size_t i = 0; i < c->nworkers; i++) {
         const kvr_worker_spec *w = &c->workers[i];
         where(c, w->line, w->col, at, sizeof(at));
-        if (!kvr_config_url_ok(w->url))
+        if (!kvr_config_worker_url_ok(w->url))
             kvr_errlist_add(errs, "%s: worker URL '%s' is malformed (expected http://HOST[:PORT])",
                             at, w->url);
+        if (kvr_config_rank_name(w->name))
+            kvr_errlist_add(errs, "%s: worker name '%s': names ending in #N are the ranks of "
+                            "data-parallel workers", at, w->name);
         if (w->lmcache_endpoint && !kvr_config_url_ok(w->lmcache_endpoint))
             kvr_errlist_add(errs, "%s: worker '%s': LMCache endpoint '%s' is malformed (expected "
                             "http://HOST[:PORT]/PATH)", at, w->name, w->lmcache_endpoint);

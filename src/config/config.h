@@ -263,6 +263,12 @@ void kvr_config_free(kvr_config *c);
  *  line" for FILE). Written into `out` (cap bytes). */
 void kvr_config_summary(const kvr_config *c, char *out, size_t cap);
 
+/** 1 when `name` ends in `#N` (a '#' then digits): the names of a data-parallel worker's ranks
+ *  ("NAME#r"), which no configured or added worker may take. */
+int kvr_config_rank_name(const char *name);
+/** 1 when `u` is a worker's base URL: kvr_config_url_ok() and no query (the API paths are
+ *  appended to it). */
+int kvr_config_worker_url_ok(const char *u);
 /** 1 when `u` is a worker base URL kvroute can use: http:// with a host and, if any, a port
  *  in 1..65535, no blanks or control bytes (the upstream client serves no other scheme), no
  *  fragment (never sent; `URL#r` is the name of a data-parallel rank). */

@@ -6,6 +6,7 @@ state; every request to rank r carries `X-data-parallel-rank: r`. Real processes
 with it), bounded in time."""
 import json
 import os
+import subprocess
 import time
 
 import httpx
@@ -13,7 +14,8 @@ import msgpack
 import pytest
 import zmq
 
-from conftest import (MODEL, SIM_MODEL, SSL_CTX, free_port, header_value, wait_until)
+from conftest import (KVROUTE_BIN, MODEL, SIM_MODEL, SSL_CTX, free_port, header_value,
+                      wait_until)
 
 RANKS = 4
 
@@ -107,8 +109,6 @@ def test_client_cannot_choose_the_rank_and_plain_workers_get_no_header(stub, kvr
 
 def test_url_with_userinfo_at_sign_is_not_a_rank_count(stub, kvroute, tmp_path):
     """Only a trailing @<digits> counts: --check accepts a userinfo '@' as part of the URL."""
-    import subprocess
-    from conftest import KVROUTE_BIN
     out = subprocess.run([str(KVROUTE_BIN), "--check", "--worker", "http://a@127.0.0.1:9@3",
                           "--worker", "http://b@127.0.0.1:10"], capture_output=True, text=True,
                          timeout=10)
@@ -246,9 +246,43 @@ def test_post_workers_with_data_parallel_size_adds_and_deletes_every_rank(stub, 
         assert kv.chat(content="p%d" % i).status_code == 200
     got = {header_value(e, "x-data-parallel-rank") for e in dp.requests("/v1/chat/completions")}
     assert got == {"0", "1"}
+    # A name of a rank (NAME#r) cannot be taken by another worker, nor can a URL with a query.
+    other = stub()
+    r = admin(port, "POST", "/workers", {"url": other.url, "name": "eng#1"})
+    assert r.status_code == 400 and "#N" in r.text, r.text
+    assert admin(port, "POST", "/workers", {"url": other.url + "?x=1"}).status_code == 400
     r = admin(port, "DELETE", "/workers/eng")
     assert r.status_code == 200, r.text
     assert [w["url"] for w in admin_get(port, "/workers")["workers"]] == [base.url]
+
+
+def test_a_worker_named_like_a_rank_is_refused_by_check_and_reload(stub, kvroute, tmp_path):
+    """A worker named "a#1" beside a data-parallel worker "a" would take the name of a's rank 1:
+    --check and a reload refuse it at its position, and the running config stays."""
+    dp, plain = stub(), stub()
+    port, aflags = admin_port_flags()
+    cfg = tmp_path / "kvroute.yaml"
+    good = """\
+workers:
+  - {url: "%s", name: a, data_parallel_size: 4}
+  - {url: "%s", name: %s}
+routes:
+  - {name: %s, policy: round_robin, targets: [a, %s]}
+"""
+    write_config(cfg, good % (dp.url, plain.url, "b", MODEL, "b"))
+    kv = kvroute([], model=None, policy=None, health_interval_ms=0,
+                 extra=["--config", str(cfg)] + aflags)
+    bad = tmp_path / "bad.yaml"
+    write_config(bad, good % (dp.url, plain.url, '"a#1"', MODEL, '"a#1"'))
+    out = subprocess.run([KVROUTE_BIN, "--check", "--config", str(bad)], capture_output=True,
+                         text=True, timeout=20)
+    assert out.returncode != 0 and "bad.yaml:3:" in out.stdout + out.stderr, out
+    write_config(cfg, good % (dp.url, plain.url, '"a#1"', MODEL, '"a#1"'))
+    r = admin(port, "POST", "/reload")
+    assert r.status_code != 200, r.text
+    names = sorted(w["name"] for w in admin_get(port, "/workers")["workers"])
+    assert names == ["a#0", "a#1", "a#2", "a#3", "b"], names
+    assert kv.chat(content="still served").status_code == 200
 
 
 # ============================================================================ KV events per rank
