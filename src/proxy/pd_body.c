@@ -71,6 +71,35 @@ size_t kvr_pd_sglang_edits(kvr_pd_bootstrap *bs, kvr_body_edit *e)
     return 3;
 }
 
+/* The fields vLLM's NixlConnector defines, where present, of the types it reads
+ * (vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py: remote_block_ids a list of
+ * block ids, remote_engine_id and remote_host strings, remote_port a port): a prefill answer
+ * naming them otherwise would only make the decode worker refuse the request, so it counts as
+ * a prefill failure. Other connectors' fields pass as they are. */
+static int nixl_fields_ok(const json_t *kv)
+{
+    const json_t *ids = json_object_get(kv, "remote_block_ids");
+    if (ids && !json_is_null(ids)) {
+        if (!json_is_array(ids))
+            return 0;
+        size_t i;
+        const json_t *v;
+        json_array_foreach(ids, i, v)
+            if (!json_is_integer(v) || json_integer_value(v) < 0)
+                return 0;
+    }
+    static const char *const strs[] = {"remote_engine_id", "remote_host"};
+    for (size_t i = 0; i < sizeof(strs) / sizeof(*strs); i++) {
+        const json_t *v = json_object_get(kv, strs[i]);
+        if (v && !json_is_null(v) && !json_is_string(v))
+            return 0;
+    }
+    const json_t *port = json_object_get(kv, "remote_port");
+    return !port || json_is_null(port) ||
+           (json_is_integer(port) && json_integer_value(port) > 0 &&
+            json_integer_value(port) <= 65535);
+}
+
 int kvr_pd_read_answer(const char *body, size_t len, kvr_pd_answer *a)
 {
     *a = (kvr_pd_answer){.prompt = -1};
@@ -80,7 +109,7 @@ int kvr_pd_read_answer(const char *body, size_t len, kvr_pd_answer *a)
         return -1;
     }
     json_t *kv = json_object_get(j, "kv_transfer_params");
-    if (json_is_object(kv))
+    if (json_is_object(kv) && nixl_fields_ok(kv))
         a->kvtp = json_dumps(kv, JSON_COMPACT);
     json_t *u = json_object_get(j, "usage");
     json_t *pt = json_object_get(u, "prompt_tokens");

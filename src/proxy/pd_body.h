@@ -46,7 +46,9 @@ size_t kvr_pd_sglang_edits(kvr_pd_bootstrap *bs, kvr_body_edit *e);
 /** What a prefill worker answered (its whole JSON body). */
 typedef struct kvr_pd_answer {
     char *kvtp;        /**< its `kv_transfer_params` object as compact JSON (malloc'd), NULL
-                            when absent, null or not an object */
+                            when absent, null, not an object, or naming a
+                            NixlConnector field with the wrong type (a list of block ids, string
+                            engine id and host, a port) */
     int64_t prompt;    /**< usage.prompt_tokens, -1 when absent */
     int64_t cached;    /**< usage.prompt_tokens_details.cached_tokens, 0 when absent */
 } kvr_pd_answer;

@@ -1263,8 +1263,11 @@ static int pd_begin(preq *p)
 static void route_now(preq *p)
 {
     kvr_app *app = p->app;
+    /* No decode worker eligible: nothing could use a prefill, so none is made (the pick below
+     * answers 503 at once, holding no KV on a prefill worker). */
     if (p->route->pd && !p->pd && !p->fixed &&
-        (p->ep == KVR_EP_CHAT || p->ep == KVR_EP_COMPLETIONS) && pd_begin(p))
+        (p->ep == KVR_EP_CHAT || p->ep == KVR_EP_COMPLETIONS) &&
+        kvr_route_eligible(p->route->pd->decode, p->route->pd->decode->scratch) && pd_begin(p))
         return;
     int rc = pick_with_room(p, 1);
     if (rc < 0) {

@@ -362,6 +362,21 @@ def test_prefill_worker_added_at_run_time(stub, kvroute):
     assert r.status_code == 200 and "x-kvroute-prefill-worker" not in r.headers
 
 
+def test_no_decode_worker_eligible_makes_no_prefill(stub, kvroute):
+    """With every decode worker drained nothing could use a prefill: the client gets 503 at
+    once and no prefill worker computes (and holds) the prompt's KV."""
+    p, d = stub(), stub()
+    admin = free_port()
+    kv = pd_kvroute(kvroute, [p], [d], extra=["--admin-port", str(admin)])
+    base = "http://127.0.0.1:%d" % admin
+    r = httpx.post(base + "/workers/%s/drain" % d.url.replace(":", "%3A").replace("/", "%2F"),
+                   timeout=5.0)
+    assert r.status_code == 200, r.text
+    r = kv.post("/v1/chat/completions", chat_body(content="nowhere to decode"))
+    assert r.status_code == 503, r.text
+    assert p.proxied() == [] and d.proxied() == []
+
+
 # ============================================================================ SGLang mode
 def test_sglang_same_room_concurrent(stub, kvroute, tmp_path):
     p, d = stub(), stub()

@@ -136,6 +136,26 @@ static void answers(void **state)
     assert_null(a.kvtp);
     assert_int_equal(a.prompt, -1);
     kvr_pd_answer_free(&a);
+    /* NixlConnector's fields with the wrong types: no usable parameters (a prefill failure) */
+    static const char *const bad[] = {
+        "{\"kv_transfer_params\":{\"remote_block_ids\":\"notalist\"}}",
+        "{\"kv_transfer_params\":{\"remote_block_ids\":[1,-2]}}",
+        "{\"kv_transfer_params\":{\"remote_block_ids\":[1,\"2\"]}}",
+        "{\"kv_transfer_params\":{\"remote_host\":5}}",
+        "{\"kv_transfer_params\":{\"remote_engine_id\":[]}}",
+        "{\"kv_transfer_params\":{\"remote_port\":70000}}",
+        "{\"kv_transfer_params\":{\"remote_port\":\"8000\"}}",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
+        assert_int_equal(kvr_pd_read_answer(bad[i], strlen(bad[i]), &a), 0);
+        assert_null(a.kvtp);
+        kvr_pd_answer_free(&a);
+    }
+    static const char other[] = "{\"kv_transfer_params\":{\"remote_host\":null,"
+                                "\"remote_port\":5600,\"lmcache_key\":{\"x\":1}}}";
+    assert_int_equal(kvr_pd_read_answer(other, strlen(other), &a), 0);
+    assert_non_null(a.kvtp); /* other connectors' fields pass as they are */
+    kvr_pd_answer_free(&a);
     assert_int_equal(kvr_pd_read_answer("[]", 2, &a), -1);
     assert_int_equal(kvr_pd_read_answer("{\"a\":", 5, &a), -1);
     assert_int_equal(kvr_pd_read_answer("", 0, &a), -1);
