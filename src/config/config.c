@@ -229,6 +229,9 @@ static const kvr_flag flags[] = {
     FL("pd-max-prefill-bytes", SIZE, pd_max_prefill_bytes, 1024, 1e9,
       "largest prefill worker answer read for its kv_transfer_params and usage (larger: a "
       "prefill failure)"),
+    FL("pd-prefill-timeout-ms", U64, pd_prefill_timeout_ms, 0, 1e10,
+      "a prefill call's whole answer must come within this (0 = only the upstream deadlines); "
+      "later: a prefill failure (another prefill worker, then a local prefill)"),
     {.name = "kv-events", .type = KVR_FLAG_CUSTOM, .off = OFF(kv_events_args),
      .help = "WORKER_URL=ENDPOINT[,REPLAY_ENDPOINT]: the worker's vLLM KV-event PUB (and "
              "replay) sockets, e.g. tcp://10.0.0.5:5557 (repeatable)",
@@ -362,6 +365,7 @@ void kvr_config_default(kvr_config *c)
     c->route.policy = "cache_aware";
     c->route.pd_mode = "vllm";
     c->pd_max_prefill_bytes = 4u << 20;
+    c->pd_prefill_timeout_ms = 60000;
     c->route.prefill_policy = "cache_aware";
     c->route.decode_policy = "least_load";
     kvr_policy_cfg_default(&c->route.p);

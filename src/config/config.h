@@ -211,6 +211,12 @@ typedef struct kvr_config {
                                         read whole up to this size (4 MiB) for its
                                         kv_transfer_params and usage; a longer one is a
                                         prefill failure */
+    uint64_t pd_prefill_timeout_ms; /**< --pd-prefill-timeout-ms: a prefill call (one token
+                                         to generate) must be answered whole within this
+                                         (60000; 0 = only the upstream deadlines), else it is
+                                         a prefill failure: a stopped or stalled prefill
+                                         worker does not hold requests for the 10-minute
+                                         first-byte timeout */
     size_t teach_completion_max_bytes; /**< --teach-completion-max-bytes: a 2xx reply up to this
                                         size is taught with its prompt (262144; 0 = off) */
     kvr_kv_events_cfg kv;          /**< --max-kv-blocks, --kv-events-stale-ms,

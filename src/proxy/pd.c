@@ -43,6 +43,8 @@ struct kvr_pd_call {
     char auth[1100];
     char rank[KVR_RANK_HEADER_BUF];
     char url[URL_CAP];
+    uv_timer_t *timer;   /* --pd-prefill-timeout-ms of the attempt in flight (own allocation:
+                            its close outlives the call) */
 };
 
 static const kvr_upstream_cbs pd_cbs;
@@ -62,8 +64,15 @@ const kvr_pd_bootstrap *kvr_pd_call_bootstrap(const kvr_pd_call *c)
     return &c->bs;
 }
 
+static void timer_closed(uv_handle_t *h)
+{
+    free(h);
+}
+
 static void call_free(kvr_pd_call *c)
 {
+    if (c->timer)
+        uv_close((uv_handle_t *)c->timer, timer_closed);
     kvr_buf_free(&c->answer);
     kvr_buf_free(&c->body);
     kvr_route_unref(c->rq.route);
@@ -90,6 +99,39 @@ static int build_body(kvr_pd_call *c)
     int rc = kvr_body_edit_apply(c->rq.body, c->rq.len, e, n + (size_t)m, &c->body);
     free(enc);
     return rc;
+}
+
+static void failed(kvr_pd_call *c, const char *reason, int client_error);
+
+/* The attempt in flight took longer than --pd-prefill-timeout-ms: a failure of its worker
+ * (a stopped or wedged engine), tried elsewhere like any other. */
+static void on_timeout(uv_timer_t *t)
+{
+    kvr_pd_call *c = t->data;
+    if (!c->att)
+        return;
+    kvr_app *app = c->rq.app;
+    kvr_upstream_cancel(c->att);
+    const char *lv[] = {c->w->url, "prefill_timeout"};
+    kvr_metric_inc(app->m.upstream_errors, lv, 1);
+    kvr_app_attempt_verdict(app, c->w, 1, c->trial);
+    attempt_end(c, 0);
+    failed(c, "prefill_timeout", 0);
+}
+
+static void arm_timer(kvr_pd_call *c)
+{
+    uint64_t ms = c->rq.app->cfg.pd_prefill_timeout_ms;
+    if (!ms)
+        return;
+    if (!c->timer) {
+        c->timer = malloc(sizeof(*c->timer));
+        if (!c->timer)
+            return; /* the upstream deadlines still apply */
+        uv_timer_init(kvr_upstream_loop(c->rq.app->up), c->timer);
+        c->timer->data = c;
+    }
+    uv_timer_start(c->timer, on_timeout, ms, 0);
 }
 
 /* Picks an untried eligible prefill worker with room and starts an attempt there (workers
@@ -142,6 +184,7 @@ static int attempt_next(kvr_pd_call *c)
         }
         kvr_route_sent(r, c->w, c->rq.keys);
         kvr_kv_events_served(app->kv, c->w);
+        arm_timer(c);
         return 1;
     }
 }
@@ -235,6 +278,8 @@ static void on_done(void *ud, kvr_upstream_err err, const char *msg, int got_hea
     (void)msg;
     kvr_pd_call *c = ud;
     kvr_app *app = c->rq.app;
+    if (c->timer)
+        uv_timer_stop(c->timer);
     int code = got_headers ? c->status : 0;
     if (err != KVR_UP_OK) {
         const char *lv[] = {c->w->url, kvr_upstream_err_name(err)};

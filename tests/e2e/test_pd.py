@@ -15,6 +15,7 @@ import hashlib
 import json
 import shutil
 import subprocess
+import time
 
 import httpx
 import pytest
@@ -360,6 +361,25 @@ def test_prefill_worker_added_at_run_time(stub, kvroute):
     assert httpx.delete(base + "/workers/p0", timeout=5.0).status_code in (200, 204)
     r = kv.post("/v1/chat/completions", chat_body(content="gone"))
     assert r.status_code == 200 and "x-kvroute-prefill-worker" not in r.headers
+
+
+def test_stalled_prefill_times_out_then_retries_then_local(stub, kvroute):
+    """A prefill worker that never answers (a stopped engine) holds a request only for
+    --pd-prefill-timeout-ms: the other prefill worker is tried, then a local prefill."""
+    ps, ds = [stub(), stub()], [stub()]
+    for p in ps:
+        p.config(mode="hang")
+    kv = pd_kvroute(kvroute, ps, ds, extra=["--pd-prefill-timeout-ms", "300"])
+    t0 = time.monotonic()
+    r = kv.post("/v1/chat/completions", chat_body(content="stalled prefill"))
+    took = time.monotonic() - t0
+    assert r.status_code == 200, r.text
+    assert r.headers["x-kvroute-decision"] == "pd_local_prefill"
+    assert took < 5, took
+    assert len(ps[0].proxied()) + len(ps[1].proxied()) == 2
+    m = kv.metrics()
+    assert m.get("kvroute_pd_fallbacks_total", model=MODEL, reason="prefill_timeout") == 1
+    assert m.get("kvroute_upstream_errors_total", worker=ps[0].url, kind="prefill_timeout") == 1
 
 
 def test_no_decode_worker_eligible_makes_no_prefill(stub, kvroute):
