@@ -1012,11 +1012,13 @@ static int read_gen_fields(kvr_sim_api *api, kvr_http_req *req, const json_t *j,
     *max_tokens = api->cfg.default_max_tokens;
     const char *field = kind == K_RESPONSE ? "max_output_tokens" : "max_tokens";
     int got = kind == K_CHAT ? get_count(j, "max_completion_tokens", max_tokens) : 0;
-    if (got == 0)
+    if (got < 0)
+        field = "max_completion_tokens";
+    else if (got == 0)
         got = get_count(j, field, max_tokens);
     if (got < 0) {
         char msg[80];
-        snprintf(msg, sizeof(msg), "%s must be at least 1", field);
+        snprintf(msg, sizeof(msg), "%s must be an integer of at least 1", field);
         send_error(req, 400, msg, field);
         return -1;
     }
