@@ -325,6 +325,7 @@ int main(int argc, char **argv)
     }
     app->discovering = app->cfg.nroutes == 0 && !app->cfg.model;
     kvr_app_workers_ctx_init(app);
+    app->wctx.on_down = kvr_proxy_engine_down;
     app->admission = kvr_admission_new(app->cfg.max_queue);
     if (kvr_app_apply(app, &app->cfg, &errs) < 0) {
         kvr_errlist_print(&errs, stderr, "kvroute: ");

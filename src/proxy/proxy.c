@@ -303,6 +303,7 @@ static void preq_free(preq *p)
 
 static uint64_t g_inflight;     /* attempts in flight in the process (--max-inflight) */
 static uv_timer_t g_admit_timer; /* dispatches the admission queue and expires its waiters */
+static uv_timer_t g_down_timer;  /* fails the attempts of engines that turned unhealthy */
 static void schedule_dispatch(kvr_app *app);
 
 static void slot_take(kvr_worker *w)
@@ -1461,12 +1462,48 @@ static void schedule_dispatch(kvr_app *app)
     uv_timer_start(&g_admit_timer, admit_tick, 0, 50);
 }
 
+/* An attempt waiting for its head from an engine the health checks found down. */
+static int stranded(const preq *p)
+{
+    return p->att && !p->status && p->w && !kvr_worker_healthy(p->w);
+}
+
+static void down_cb(uv_timer_t *t)
+{
+    (void)t;
+    /* Each failure may free its request or start another attempt: look again from the start
+     * after each one (a request retried on a healthy worker is no longer stranded). */
+    for (preq *p = g_live; p;) {
+        if (!stranded(p)) {
+            p = p->next;
+            continue;
+        }
+        kvr_upstream_cancel(p->att);
+        on_done(p, KVR_UP_FIRST_BYTE_TIMEOUT,
+                "its worker turned unhealthy (failed health checks) before answering", 0);
+        p = g_live;
+    }
+}
+
+void kvr_proxy_engine_down(void *ud, kvr_worker *engine)
+{
+    kvr_app *app = ud;
+    (void)engine;
+    if (!g_down_timer.loop)
+        uv_timer_init(app->loop, &g_down_timer);
+    uv_timer_start(&g_down_timer, down_cb, 0, 0);
+}
+
 void kvr_proxy_stop(kvr_app *app)
 {
     (void)app;
     if (g_admit_timer.loop) {
         uv_timer_stop(&g_admit_timer);
         uv_close((uv_handle_t *)&g_admit_timer, NULL);
+    }
+    if (g_down_timer.loop) {
+        uv_timer_stop(&g_down_timer);
+        uv_close((uv_handle_t *)&g_down_timer, NULL);
     }
 }
 

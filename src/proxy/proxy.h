@@ -36,6 +36,12 @@ void kvr_proxy_forward(kvr_app *app, kvr_http_req *r, kvr_endpoint ep, kvr_route
  *  the answer's usage is not counted again and nothing is taught. */
 void kvr_proxy_forward_pinned(kvr_app *app, kvr_http_req *r, kvr_route *route, kvr_worker *w);
 
+/** A worker's engine turned unhealthy by its health checks (kvr_workers_ctx.on_down; `ud` is
+ *  the app): on the next loop turn, every attempt on an unhealthy engine still waiting for its
+ *  response head fails as a first-byte timeout and is retried elsewhere under the failures
+ *  rules, instead of waiting out --first-byte-timeout-ms (a stopped engine accepts
+ *  connections and never answers). Attempts that got their head keep their stream deadlines. */
+void kvr_proxy_engine_down(void *ud, kvr_worker *engine);
 /** Closes the admission queue's timer (shutdown, after kvr_proxy_shutdown). */
 void kvr_proxy_stop(kvr_app *app);
 

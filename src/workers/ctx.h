@@ -33,6 +33,10 @@ typedef struct kvr_workers_ctx {
     void (*on_forget)(void *ud, kvr_worker *w);
     /** A worker's /v1/models list changed (kvr_worker_set_models returned 1). */
     void (*on_models)(void *ud, kvr_worker *w);
+    /** A worker's engine failed enough health checks to turn unhealthy (not after a failed
+     *  connect, which ends its attempts by itself). May be NULL. Runs inside the health
+     *  check's own callback: whatever it does to other attempts must wait a loop turn. */
+    void (*on_down)(void *ud, kvr_worker *engine);
     void *ud;
 } kvr_workers_ctx;
 

@@ -44,6 +44,8 @@ void kvr_health_apply(kvr_workers_ctx *ctx, kvr_worker *w, int ok, uint64_t now_
         KVR_WARN("msg=\"worker unhealthy\" worker=%s failed_checks=%u", w->url, w->check_fails);
         w->healthy = 0;
         w->down_since_ms = now_ms;
+        if (ctx->on_down)
+            ctx->on_down(ctx->ud, w);
     }
     maybe_forget(ctx, w, now_ms);
 }

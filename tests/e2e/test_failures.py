@@ -20,7 +20,7 @@ import time
 import httpx
 import pytest
 
-from conftest import (SIM_MODEL, SSL_CTX, RawConn, assert_openai_error, chat_body,
+from conftest import (MODEL, SIM_MODEL, SSL_CTX, RawConn, assert_openai_error, chat_body,
                       free_port, http_post, sha256, wait_until)
 
 P = "/v1/chat/completions"
@@ -440,6 +440,39 @@ def test_unreachable_worker_opens_its_breaker_without_health_checks(stub, kvrout
     assert m.get("kvroute_retries_total", reason="connect") == 5
     assert breaker_state(m, dead) == 1
     assert transitions(m, dead) == {"open": 1}, transitions(m, dead)
+    kv.wait_inflight_zero()
+
+
+def test_attempt_on_a_worker_that_turns_unhealthy_is_retried_at_once(stub, kvroute):
+    """A worker that takes a request and never answers (a stopped engine) holds it only until
+    its health checks fail: the attempt is then failed as a first-byte timeout and retried on
+    a healthy worker, long before --first-byte-timeout-ms."""
+    stuck, live = stub(), stub()
+    stuck.config(mode="hang")
+    admin = free_port()
+    kv = kvroute([stuck.url, live.url], health_interval_ms=100,
+                 extra=["--unhealthy-threshold", 2, "--admin-port", admin])
+    wname = live.url.replace(":", "%3A").replace("/", "%2F")
+    base = "http://127.0.0.1:%d/workers/%s" % (admin, wname)
+    assert httpx.post(base + "/drain", timeout=5.0).status_code == 200  # the request goes to stuck
+    out = {}
+
+    def send():
+        out["r"] = kv.chat(content="who answers", timeout=20)
+    t = threading.Thread(target=send)
+    t.start()
+    wait_until(lambda: len(stuck.proxied()) == 1, 5, what="the request at the stuck worker")
+    assert httpx.post(base + "/undrain", timeout=5.0).status_code == 200
+    t0 = time.monotonic()
+    stuck.config(health_status=503)
+    t.join(15)
+    assert not t.is_alive()
+    r = out["r"]
+    assert r.status_code == 200, r.text
+    assert r.headers["x-kvroute-worker"] == live.url
+    assert time.monotonic() - t0 < 5
+    m = kv.metrics()
+    assert m.get("kvroute_upstream_errors_total", worker=stuck.url, kind="first_byte_timeout") == 1
     kv.wait_inflight_zero()
 
 
