@@ -30,7 +30,8 @@ struct kvr_pd_call {
     kvr_pick pick;
     const kvr_route_target *target;
     size_t tried[16];
-    size_t ntried;
+    size_t ntried;       /* workers not to pick: the caller's exclusions, then those tried */
+    size_t made;         /* attempts this call started */
     int trial;           /* the attempt is its worker's half-open breaker trial */
     int status;
     int truncated;       /* SGLang: the answer outgrew the bound; drained unread */
@@ -185,6 +186,7 @@ static int attempt_next(kvr_pd_call *c)
         kvr_route_sent(r, c->w, c->rq.keys);
         kvr_kv_events_served(app->kv, c->w);
         arm_timer(c);
+        c->made++;
         return 1;
     }
 }
@@ -206,7 +208,7 @@ static void finish(kvr_pd_call *c, int ok, char *kvtp, const char *reason, int c
 {
     kvr_pd_result res = {.ok = ok, .kvtp = kvtp, .worker = c->w, .pick = c->pick,
                          .reason = reason, .client_error = client_error,
-                         .attempts = c->ntried};
+                         .attempts = c->made};
     kvr_pd_done_fn done = c->done;
     void *ud = c->ud;
     call_free(c);
@@ -342,7 +344,7 @@ kvr_pd_call *kvr_pd_call_start(const kvr_pd_request *rq, kvr_pd_done_fn done, vo
     kvr_buf_init(&c->answer, 0);
     kvr_buf_init(&c->body, 0);
     if (!attempt_next(c)) {
-        now->attempts = c->ntried;
+        now->attempts = c->made;
         call_free(c);
         return NULL;
     }

@@ -63,7 +63,7 @@ typedef struct kvr_pd_result {
     const char *reason;    /**< !ok: the last failure ("no_prefill_worker", "connect",
                                 "http_503", "no_kv_transfer_params", "too_large", ...) */
     int client_error;      /**< !ok: it was a 4xx (not retried elsewhere) */
-    size_t attempts;       /**< prefill attempts made */
+    size_t attempts;       /**< prefill attempts this call started */
 } kvr_pd_result;
 
 typedef struct kvr_pd_call kvr_pd_call;

@@ -116,6 +116,7 @@ typedef struct preq {
     char *kvtp;           /* vLLM: the prefill answer's kv_transfer_params (JSON) */
     size_t pf_tried[MAX_ATTEMPTS]; /* SGLang: prefill workers whose pair failed */
     size_t npf_tried;
+    size_t pf_attempts;   /* prefill attempts made (x-kvroute-attempts counts them too) */
     const char *pd_reason; /* ... and the last failure */
     kvr_pd_bootstrap bs;  /* SGLang: the bootstrap both calls carry ... */
     int has_bs;           /* ... when set */
@@ -586,7 +587,7 @@ static void on_headers(void *ud, int status, const kvr_http_header *h, size_t n)
                                      strlen(p->pf_w->url)};
     out[k++] = (kvr_http_header){"x-request-id", 12, p->request_id, strlen(p->request_id)};
     _Static_assert(sizeof(p->attempts) >= KVR_FMT_U64_MAX, "attempts buffer");
-    size_t an = kvr_fmt_u64(p->attempts, p->ntried);
+    size_t an = kvr_fmt_u64(p->attempts, p->ntried + p->pf_attempts);
     out[k++] = (kvr_http_header){"x-kvroute-attempts", 18, p->attempts, an};
     k += ratelimit_headers(p, out + k);
     if (pk->match >= 0) {
@@ -745,7 +746,7 @@ static void fail_before_headers(preq *p, kvr_upstream_err err, const char *msg)
 {
     char text[512];
     failure_text(p, err, msg, text, sizeof(text));
-    snprintf(p->attempts, sizeof(p->attempts), "%zu", p->ntried);
+    snprintf(p->attempts, sizeof(p->attempts), "%zu", p->ntried + p->pf_attempts);
     kvr_http_header hs[] = {
         {"x-kvroute-worker", 16, p->w->url, strlen(p->w->url)},
         {"x-kvroute-decision", 18, shown(p)->decision, strlen(shown(p)->decision)},
@@ -1188,6 +1189,7 @@ static void pd_done(void *ud, kvr_pd_result *res)
 {
     preq *p = ud;
     p->pd_call = NULL;
+    p->pf_attempts += res->attempts;
     if (p->route->pd->mode == KVR_PD_SGLANG) {
         /* The decode worker waits for this prefill's room: while nothing reached the client,
          * the pair starts again with another prefill worker (a new room), or, when none is
@@ -1244,7 +1246,8 @@ static int pd_begin(preq *p)
                          .nexclude = p->npf_tried};
     kvr_pd_result now;
     p->pd_call = kvr_pd_call_start(&rq, pd_done, p, &now);
-    if (!p->pd_call) { /* after a failed SGLang pair, that failure is the reason */
+    if (!p->pd_call) {
+        p->pf_attempts += now.attempts; /* after a failed SGLang pair, that failure is the reason */
         pd_local(p, p->pd_reason && !strcmp(now.reason, "no_prefill_worker") ? p->pd_reason
                                                                               : now.reason);
         return 0;

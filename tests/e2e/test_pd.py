@@ -375,6 +375,7 @@ def test_stalled_prefill_times_out_then_retries_then_local(stub, kvroute):
     took = time.monotonic() - t0
     assert r.status_code == 200, r.text
     assert r.headers["x-kvroute-decision"] == "pd_local_prefill"
+    assert r.headers["x-kvroute-attempts"] == "3"  # two prefill attempts, then the local one
     assert took < 5, took
     assert len(ps[0].proxied()) + len(ps[1].proxied()) == 2
     m = kv.metrics()
