@@ -128,8 +128,10 @@ int kvr_cluster_up(const kvr_cluster *c);
 size_t kvr_cluster_replicas(const kvr_cluster *c);
 
 /** GET /cluster's body: {replica_id, redis, key_prefix, redis_up, warm, log: {last_id, out,
- *  in, lag_seconds, queued}, live_replicas, replicas: [{id, load_age_ms, log_position,
- *  self}]}, this replica first. New reference. */
+ *  in, lag_seconds, queued}, live_replicas (this one included, so at least 1), replicas: [{id,
+ *  load_age_ms, log_position, self}]}, this replica first. Ages are as of now (they grow
+ *  while Redis is down); this replica's is the time since its last load exchange went
+ *  through, null before the first. New reference. */
 json_t *kvr_cluster_json(const kvr_cluster *c);
 
 /** Rate limit across replicas: counts one request of `key` (`cost` units) against `limit`

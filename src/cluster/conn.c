@@ -468,13 +468,19 @@ size_t kvr_cluster_replicas(const kvr_cluster *c)
 
 json_t *kvr_cluster_json(const kvr_cluster *c)
 {
+    /* Ages are as of now: while Redis cannot be reached they grow instead of freezing at the
+     * last poll (this replica's own: since its last load exchange went through). */
+    uint64_t now = kvr_now_ms(), since = c->load_ok_ms && now > c->load_ok_ms
+                                             ? now - c->load_ok_ms : 0;
     json_t *reps = json_array();
-    json_array_append_new(reps, json_pack("{s:s,s:I,s:s,s:b}", "id", c->replica, "load_age_ms",
-                                          (json_int_t)0, "log_position", c->last_id, "self",
-                                          1));
+    json_array_append_new(reps, json_pack("{s:s,s:o,s:s,s:b}", "id", c->replica, "load_age_ms",
+                                          c->load_ok_ms ? json_integer((json_int_t)since)
+                                                        : json_null(),
+                                          "log_position", c->last_id, "self", 1));
     for (size_t i = 0; i < c->nseen; i++)
         json_array_append_new(reps, json_pack("{s:s,s:I,s:s,s:b}", "id", c->seen[i].id,
-                                              "load_age_ms", (json_int_t)c->seen[i].age_ms,
+                                              "load_age_ms",
+                                              (json_int_t)(c->seen[i].age_ms + since),
                                               "log_position", c->seen[i].pos, "self", 0));
     char where[300]; /* never the URL itself: it may hold a password */
     snprintf(where, sizeof(where), "%s:%d/%d", c->url.host, c->url.port, c->url.db);
@@ -484,5 +490,5 @@ json_t *kvr_cluster_json(const kvr_cluster *c)
                      "warm", c->warm, "log", "last_id", c->last_id, "out",
                      (json_int_t)c->out_total, "in", (json_int_t)c->in_total, "lag_seconds",
                      c->lag_s, "queued", (json_int_t)c->queued, "live_replicas",
-                     (json_int_t)c->replicas, "replicas", reps);
+                     (json_int_t)(c->replicas ? c->replicas : 1), "replicas", reps);
 }

@@ -176,10 +176,16 @@ def test_readyz_waits_for_the_replay(procs, tmp_path, sim_factory, kvroute):
     replica serves alone (Redis is never needed to route)."""
     sims = four_sims(sim_factory)
     dead = "redis://127.0.0.1:%d" % free_port()
+    admin = free_port()
     kv = kvroute(sims, model=SIM_MODEL, policy="cache_aware",
-                 extra=["--redis", dead, "--redis-warm-timeout-ms", "1500"])
+                 extra=["--redis", dead, "--redis-warm-timeout-ms", "1500",
+                        "--admin-port", str(admin)])
     t0 = time.monotonic()
     assert kv.get("/readyz").status_code == 503
+    # Never reached: it counts itself live, with no load exchange to date.
+    cl = httpx.get("http://127.0.0.1:%d/cluster" % admin, timeout=5.0).json()
+    assert cl["redis_up"] is False and cl["live_replicas"] == 1, cl
+    assert cl["replicas"][0]["self"] and cl["replicas"][0]["load_age_ms"] is None, cl
     assert kv.get("/readyz").json()["cluster_warm"] is False
     chat(kv, first_turn(1))  # routing never waits for Redis
     wait_ready(kv, timeout=5.0)
