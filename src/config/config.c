@@ -1070,6 +1070,11 @@ int kvr_config_load(kvr_config *c, int argc, char **argv, kvr_errlist *errs)
         char cerr[400];
         if (kvr_cluster_check(&c->cluster, cerr, sizeof(cerr)) < 0)
             kvr_errlist_add(errs, "%s", cerr);
+    } else if ((c->cluster.key_prefix && strcmp(c->cluster.key_prefix, "kvroute:") != 0) ||
+               c->cluster.password_file || c->cluster.replica_id) {
+        /* Settings of a Redis without the Redis: sharing would silently be off. */
+        kvr_errlist_add(errs, "--redis-key-prefix, --redis-password-file and --replica-id "
+                        "(redis: key_prefix, password_file) need --redis URL (redis: url)");
     }
     resolve_routes(c, errs);
     check_cli_roles(c, errs);

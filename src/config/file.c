@@ -883,8 +883,12 @@ static void top(loader *l, const yaml_node_t *m)
             settings(l, k, v, l->c, ADMIN_KEYS, ADMIN_FLAGS, COUNT(ADMIN_KEYS));
         else if (is(k, "auth"))
             settings(l, k, v, l->c, AUTH_KEYS, AUTH_FLAGS, COUNT(AUTH_KEYS));
-        else if (is(k, "redis"))
+        else if (is(k, "redis")) {
             settings(l, k, v, l->c, REDIS_KEYS, REDIS_FLAGS, COUNT(REDIS_KEYS));
+            if (v->type == YAML_MAPPING_NODE &&
+                v->data.mapping.pairs.top == v->data.mapping.pairs.start)
+                fail(l, v, "redis: empty: give its url (redis://HOST[:PORT][/DB]), or drop it");
+        }
         else if (is(k, "egress"))
             egress(l, k, v);
         else if (is(k, "discovery"))

@@ -519,6 +519,16 @@ def test_check_refuses_a_worker_url_with_a_fragment(procs, tmp_path):
     assert "http://127.0.0.1:9001#1" in out + err and "malformed" in out + err, (out, err)
 
 
+def test_check_refuses_redis_settings_without_a_redis(procs, tmp_path):
+    """`redis: {}` or a key prefix without a url would leave sharing silently off."""
+    for body, want in (("redis: {}\n", "redis: empty"),
+                       ("redis: {key_prefix: \"x:\"}\n", "need --redis URL")):
+        cfg = tmp_path / "r.yaml"
+        cfg.write_text('workers: ["http://127.0.0.1:9001"]\n' + body)
+        rc, out, err = run_quick(procs, tmp_path, [KVROUTE_BIN, "--check", "--config", cfg])
+        assert rc != 0 and want in out + err, (body, out, err)
+
+
 def test_example_config_mentions_every_flag(procs, tmp_path):
     if not EXAMPLE.exists():
         pytest.skip("docs/kvroute.example.yaml does not exist yet (being written)")
