@@ -57,13 +57,16 @@ $(BUILD)/kvroute-bench: $(BENCH_OBJS) $(BUILD)/libkvr.a
 # tests/unit/test_sim_*.c, the simulator's objects except its main).
 $(BUILD)/tests/test_sim_%: tests/unit/test_sim_%.c $(filter-out $(BUILD)/obj/sim/main.o,$(SIM_OBJS)) $(BUILD)/libkvr.a
 	@mkdir -p $(dir $@)
-	$(CC) $(KVR_CFLAGS) $(CFLAGS) -Isim -o $@ $^ $(LDLIBS) -lcmocka
+	$(CC) $(KVR_CFLAGS) $(CFLAGS) -Isim -o $@ $(filter-out %.h,$^) $(LDLIBS) -lcmocka
 $(BUILD)/tests/test_bench_%: tests/unit/test_bench_%.c $(filter-out $(BUILD)/obj/bench/main.o,$(BENCH_OBJS)) $(BUILD)/libkvr.a
 	@mkdir -p $(dir $@)
-	$(CC) $(KVR_CFLAGS) $(CFLAGS) -Ibench -o $@ $^ $(LDLIBS) -lcmocka
+	$(CC) $(KVR_CFLAGS) $(CFLAGS) -Ibench -o $@ $(filter-out %.h,$^) $(LDLIBS) -lcmocka
 $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libkvr.a
 	@mkdir -p $(dir $@)
-	$(CC) $(KVR_CFLAGS) $(CFLAGS) -o $@ $^ $(LDLIBS) -lcmocka
+	$(CC) $(KVR_CFLAGS) $(CFLAGS) -o $@ $(filter-out %.h,$^) $(LDLIBS) -lcmocka
+
+# The unit tests' shared helpers (tests/unit/*.h) are headers: a change rebuilds them all.
+$(UNIT_BINS): $(wildcard tests/unit/*.h)
 
 unit: $(UNIT_BINS)
 	@set -e; for t in $(UNIT_BINS); do echo "== $$t"; $$t; done

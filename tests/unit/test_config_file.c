@@ -13,37 +13,12 @@
 #include <cmocka.h>
 
 #include "config/config.h"
+#include "config_loaded.h"
 #include "routing/scorers.h"
 
-typedef struct {
-    char path[64];
-    kvr_config c;
-    kvr_errlist errs;
-    int rc;
-} loaded;
-
-/* Writes `yaml` to a fresh temp file and loads it over the defaults. */
 static loaded *load(const char *yaml)
 {
-    loaded *l = calloc(1, sizeof(*l));
-    assert_non_null(l);
-    snprintf(l->path, sizeof(l->path), "/tmp/kvr-config-XXXXXX");
-    int fd = mkstemp(l->path);
-    assert_true(fd >= 0);
-    size_t n = strlen(yaml);
-    assert_int_equal(write(fd, yaml, n), (ssize_t)n);
-    close(fd);
-    kvr_config_default(&l->c);
-    l->rc = kvr_config_file_load(&l->c, l->path, &l->errs);
-    return l;
-}
-
-static void done(loaded *l)
-{
-    unlink(l->path);
-    kvr_config_free(&l->c);
-    kvr_errlist_free(&l->errs);
-    free(l);
+    return load_with(kvr_config_file_load, yaml);
 }
 
 /* Error `i` is exactly "PATH:" followed by `rest`. */

@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include "config/config.h"
+#include "config_loaded.h"
 #include "workers/engine.h"
 #include "workers/health.h"
 #include "workers/registry.h"
@@ -72,34 +73,16 @@ static void cli_worker_expands_into_ranks(void **state)
     kvr_errlist_free(&errs);
 }
 
-typedef struct {
-    char path[64];
-    kvr_config c;
-    kvr_errlist errs;
-    int rc;
-} loaded;
+/* The whole load (as `kvroute --config PATH`), so the data-parallel expansion and checks run. */
+static int load_argv(kvr_config *c, const char *path, kvr_errlist *errs)
+{
+    char *argv[] = {"kvroute", "--config", (char *)path};
+    return kvr_config_load(c, 3, argv, errs);
+}
 
 static loaded *load(const char *yaml)
 {
-    loaded *l = calloc(1, sizeof(*l));
-    assert_non_null(l);
-    snprintf(l->path, sizeof(l->path), "/tmp/kvr-dp-XXXXXX");
-    int fd = mkstemp(l->path);
-    assert_true(fd >= 0);
-    assert_int_equal(write(fd, yaml, strlen(yaml)), (ssize_t)strlen(yaml));
-    close(fd);
-    kvr_config_default(&l->c);
-    char *argv[] = {"kvroute", "--config", l->path};
-    l->rc = kvr_config_load(&l->c, 3, argv, &l->errs);
-    return l;
-}
-
-static void done(loaded *l)
-{
-    unlink(l->path);
-    kvr_config_free(&l->c);
-    kvr_errlist_free(&l->errs);
-    free(l);
+    return load_with(load_argv, yaml);
 }
 
 static void file_ranks_targets_and_event_ports(void **state)
