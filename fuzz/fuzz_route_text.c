@@ -6,7 +6,11 @@
  * and cut at small caps (1 byte, 7 bytes, half the text, the text's length, one byte less).
  * The chat text is built three times from the scan: without a tools cache, then twice with
  * one (the first call may miss, the second must hit whenever there is a tools section), so
- * a cached tools section is checked against the tree as well. */
+ * a cached tools section is checked against the tree as well. The cache also keeps message
+ * texts (messages of 16 bytes and more, in 4 KB: the small budget evicts all the time), so
+ * the second call finds each message's text the first one kept, cut and uncut. Messages are
+ * read from where the scan placed them (kvr_body_messages()), all, the first only (the rest
+ * walked to, as past KVR_BODY_MESSAGES_MAX), or none. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -25,23 +29,29 @@ static kvr_text_cache *g_cache;
 
 /* The text from the scan for `kind` (chat or completions), cap `cap`, into `out`. */
 static int scan_text(const kvr_body_fields *f, kvr_route_kind kind, kvr_text_cache *cache,
-                     kvr_buf *out)
+                     int placed, kvr_buf *out)
 {
     if (kind == KVR_ROUTE_COMPLETIONS)
         return kvr_route_text_scan_prompt(f->buf, kvr_body_field(f, KVR_FIELD_PROMPT), out);
+    size_t nm;
+    const kvr_json_elem *ms = kvr_body_messages(f, &nm);
+    if (!placed) /* walk to every message */
+        ms = NULL;
+    else if (placed == 2 && nm > 1) /* the first placed, the rest walked to (a long body) */
+        nm = 1;
     return kvr_route_text_scan(f->buf, kvr_body_field(f, KVR_FIELD_TOOLS),
                                kvr_body_field(f, KVR_FIELD_FUNCTIONS),
-                               kvr_body_field(f, KVR_FIELD_MESSAGES), cache, out);
+                               kvr_body_field(f, KVR_FIELD_MESSAGES), ms, nm, cache, out);
 }
 
 static void check(const kvr_body_fields *f, const json_t *tree, kvr_route_kind kind,
-                  size_t cap, kvr_text_cache *cache)
+                  size_t cap, kvr_text_cache *cache, int placed)
 {
     kvr_buf a, b;
     kvr_buf_init(&a, cap);
     kvr_buf_init(&b, cap);
     int ra = kvr_route_text_build(tree, kind, &a);
-    int rb = scan_text(f, kind, cache, &b);
+    int rb = scan_text(f, kind, cache, placed, &b);
     if (ra < 0 || rb < 0)
         abort(); /* out of memory: not a finding */
     if (ra != rb || a.len != b.len || (a.len && memcmp(a.data, b.data, a.len) != 0))
@@ -53,7 +63,7 @@ static void check(const kvr_body_fields *f, const json_t *tree, kvr_route_kind k
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static kvr_body_fields f;
-    if (!g_cache && !(g_cache = kvr_text_cache_new()))
+    if (!g_cache && !(g_cache = kvr_text_cache_new(4096, 16)))
         abort();
     const char *buf = (const char *)data;
     if (kvr_body_fields_scan(&f, buf, size, NULL) < 0)
@@ -71,12 +81,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         kvr_buf_init(&full, 0);
         if (kvr_route_text_build(tree, kind, &full) < 0)
             abort();
-        check(&f, tree, kind, 0, NULL);
+        check(&f, tree, kind, 0, NULL, 0);
+        check(&f, tree, kind, 0, NULL, 1);
         if (kind == KVR_ROUTE_CHAT) {
             uint64_t h0, m0, h1, m1;
             kvr_text_cache_stats(g_cache, &h0, &m0);
-            check(&f, tree, kind, 0, g_cache);
-            check(&f, tree, kind, 0, g_cache);
+            check(&f, tree, kind, 0, g_cache, 2);
+            check(&f, tree, kind, 0, g_cache, 1);
             kvr_text_cache_stats(g_cache, &h1, &m1);
             if (h1 + m1 != h0 + m0 && h1 == h0)
                 __builtin_trap(); /* the second lookup of the same tools must hit */
@@ -84,9 +95,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         size_t caps[] = {1, 7, full.len / 2, full.len, full.len > 1 ? full.len - 1 : 0};
         for (size_t i = 0; i < sizeof(caps) / sizeof(caps[0]); i++)
             if (caps[i]) {
-                check(&f, tree, kind, caps[i], NULL);
+                check(&f, tree, kind, caps[i], NULL, (int)(i % 3));
                 if (kind == KVR_ROUTE_CHAT)
-                    check(&f, tree, kind, caps[i], g_cache);
+                    check(&f, tree, kind, caps[i], g_cache, (int)((i + 1) % 3));
             }
         kvr_buf_free(&full);
     }

@@ -302,7 +302,8 @@ int main(int argc, char **argv)
     app->metrics = kvr_metrics_new();
     kvr_app_metrics_init(app);
     app->status = kvr_status_stats_new(app->cfg.status_ttft_samples, kvr_now_ms());
-    app->text_cache = kvr_text_cache_new(); /* NULL: texts are built without it */
+    app->text_cache = kvr_text_cache_new(app->cfg.routing_text_cache_bytes,
+                                         KVR_TEXT_MEMO_MIN); /* NULL: texts built without */
     if (app->cfg.access_log) {
         app->access = kvr_access_log_open(app->loop, app->cfg.access_log,
                                           app->cfg.access_log_buffer_bytes, err, sizeof(err));

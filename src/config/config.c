@@ -222,6 +222,9 @@ static const kvr_flag flags[] = {
        "before any response byte, re-sends it once on a fresh connection (0 = never)"),
     FL("max-routing-text-bytes", SIZE, max_routing_text_bytes, 0, 1e12,
       "routing text kept per request (longer is cut)"),
+    FL("routing-text-cache-bytes", SIZE, routing_text_cache_bytes, 0, 1e12,
+      "memory for the routing texts of recent messages, reused when a later turn sends them "
+      "again (0 = none)"),
     FL("session-keys", STR, session_keys, 0, 0,
       "session id sources: comma list of header:NAME and body:PATH"),
     FL("max-usage-scan-bytes", SIZE, max_usage_bytes, 0, 1e9,
@@ -391,6 +394,7 @@ void kvr_config_default(kvr_config *c)
     c->log_level = "info";
     c->max_usage_bytes = 1 << 20;
     c->max_routing_text_bytes = 32u << 20;
+    c->routing_text_cache_bytes = 64u << 20;
     kvr_kv_events_cfg_default(&c->kv);
     kvr_k8s_cfg_default(&c->k8s);
     c->teach_completion_max_bytes = 262144;

@@ -203,6 +203,9 @@ typedef struct kvr_config {
     size_t max_routing_text_bytes; /**< --max-routing-text-bytes: routing text kept per request
                                         (32 MiB); longer texts are cut, which keeps the prefix
                                         property */
+    size_t routing_text_cache_bytes; /**< --routing-text-cache-bytes: memory for the routing
+                                        texts of recent messages (64 MiB; 0 = none), keyed by
+                                        their raw bytes (routing/text_scan.h) */
     const char *session_keys;      /**< --session-keys: where session ids come from, as
                                         `header:NAME`/`body:PATH` list (DESIGN §5 default) */
     size_t max_usage_bytes;        /**< --max-usage-scan-bytes: JSON response bytes kept to read

@@ -75,10 +75,12 @@ int kvr_request_keys_build_fields(kvr_app *app, const kvr_route *route,
         return 0;
     if (ep == KVR_EP_CHAT) {
         /* From the scan: the tree's text without the tree (routing/text_scan.h). */
+        size_t nmsgs;
+        const kvr_json_elem *msgs = kvr_body_messages(body, &nmsgs);
         rc = kvr_route_text_scan(body->buf, kvr_body_field(body, KVR_FIELD_TOOLS),
                                  kvr_body_field(body, KVR_FIELD_FUNCTIONS),
-                                 kvr_body_field(body, KVR_FIELD_MESSAGES), app->text_cache,
-                                 &out->text);
+                                 kvr_body_field(body, KVR_FIELD_MESSAGES), msgs, nmsgs,
+                                 app->text_cache, &out->text);
     } else if (ep == KVR_EP_COMPLETIONS) {
         rc = kvr_route_text_scan_prompt(body->buf, kvr_body_field(body, KVR_FIELD_PROMPT),
                                         &out->text);

@@ -103,9 +103,19 @@ int kvr_body_fields_scan(kvr_body_fields *f, const char *buf, size_t len,
         f->seg[k][g_plan.len[k]] = '\0';
         f->names[f->n++] = f->seg[k];
     }
-    int top = kvr_json_scan(buf, len, f->names, f->n, f->v);
+    int top = kvr_json_scan_elems(buf, len, f->names, f->n, f->v, KVR_FIELD_MESSAGES, f->msgs,
+                                  KVR_BODY_MESSAGES_MAX);
     f->object = top == KVR_JSON_OBJECT;
     return top < 0 ? -1 : 0;
+}
+
+const kvr_json_elem *kvr_body_messages(const kvr_body_fields *f, size_t *n)
+{
+    const kvr_json_span *m = &f->v[KVR_FIELD_MESSAGES];
+    *n = m->kind != KVR_JSON_ARRAY              ? 0
+         : m->count < KVR_BODY_MESSAGES_MAX ? m->count
+                                            : KVR_BODY_MESSAGES_MAX;
+    return f->msgs;
 }
 
 const kvr_json_span *kvr_body_field(const kvr_body_fields *f, kvr_field which)

@@ -43,7 +43,11 @@ typedef enum kvr_field {
 /** Most names one scan looks for: the fixed fields and one per session body source. */
 #define KVR_BODY_NAMES_MAX (KVR_FIELD_COUNT + KVR_SESSION_SOURCES_MAX)
 
-/** One body's scan (~4 KB; meant for the stack). Borrows the body bytes: valid while they
+/** Messages whose place in the body one scan records (kvr_body_fields.msgs): a longer
+ *  conversation's later messages are found by walking on from the last one recorded. */
+#define KVR_BODY_MESSAGES_MAX 128
+
+/** One body's scan (~7 KB; meant for the stack). Borrows the body bytes: valid while they
  *  are. Fill with kvr_body_fields_scan(). */
 typedef struct kvr_body_fields {
     const char *buf;    /**< the body (borrowed) */
@@ -54,6 +58,9 @@ typedef struct kvr_body_fields {
     char seg[KVR_SESSION_SOURCES_MAX][KVR_SESSION_SOURCE_NAME_MAX + 1]; /**< storage of the
                                                       session paths' first segments */
     kvr_json_span v[KVR_BODY_NAMES_MAX]; /**< the value of each top-level member named */
+    /** Where the first KVR_BODY_MESSAGES_MAX elements of `messages` lie, when it is an array
+     *  (valid: the first min(KVR_BODY_MESSAGES_MAX, v[KVR_FIELD_MESSAGES].count)). */
+    kvr_json_elem msgs[KVR_BODY_MESSAGES_MAX];
 } kvr_body_fields;
 
 /** Scans `len` bytes at `buf` for the fixed fields and the first segment of every body path
@@ -62,6 +69,10 @@ typedef struct kvr_body_fields {
  *  error's wording). Never allocates. */
 int kvr_body_fields_scan(kvr_body_fields *f, const char *buf, size_t len,
                          const kvr_session_sources *src);
+
+/** The recorded elements of `messages` (kvr_body_fields.msgs) into `*n`: how many of them
+ *  are valid (0 when `messages` is no array). */
+const kvr_json_elem *kvr_body_messages(const kvr_body_fields *f, size_t *n);
 
 /** The span of fixed field `which` (kind KVR_JSON_ABSENT when the body has none). */
 const kvr_json_span *kvr_body_field(const kvr_body_fields *f, kvr_field which);

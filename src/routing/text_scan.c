@@ -6,6 +6,7 @@
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <xxhash.h>
 
 #include "routing/keys.h"
@@ -14,6 +15,15 @@
 
 /* Most bytes reserved for a text before it is written (kvr_route_text_scan()). */
 #define TEXT_RESERVE_MAX (256u << 10)
+
+/* One kept message text. Chained in its bucket and in the LRU list (head: most recent). */
+typedef struct memo_ent {
+    XXH128_hash_t key;     /* of the message's raw bytes, seeded */
+    struct memo_ent *hnext; /* next in the bucket */
+    struct memo_ent *prev, *next;
+    size_t len;
+    char text[];
+} memo_ent;
 
 struct kvr_text_cache {
     struct {
@@ -24,11 +34,38 @@ struct kvr_text_cache {
         uint64_t used;     /* tick of the last use, for LRU */
     } e[KVR_TEXT_CACHE_ENTRIES];
     uint64_t tick, hits, misses;
+    /* message texts */
+    memo_ent **bucket; /* NULL when no budget */
+    size_t mask;       /* buckets - 1 (a power of two) */
+    memo_ent *head, *tail;
+    size_t bytes, max_bytes, min_raw;
+    uint64_t seed, mhits, mmisses;
 };
 
-kvr_text_cache *kvr_text_cache_new(void)
+/* Budget bytes per bucket: texts are ~1 KB and up, so chains stay short. */
+#define MEMO_BYTES_PER_BUCKET 1024u
+#define MEMO_BUCKETS_MAX (1u << 22)
+
+kvr_text_cache *kvr_text_cache_new(size_t memo_bytes, size_t memo_min)
 {
-    return calloc(1, sizeof(kvr_text_cache));
+    kvr_text_cache *c = calloc(1, sizeof(kvr_text_cache));
+    if (!c || !memo_bytes)
+        return c;
+    size_t n = 64;
+    while (n < MEMO_BUCKETS_MAX && n * MEMO_BYTES_PER_BUCKET < memo_bytes)
+        n *= 2;
+    if (!(c->bucket = calloc(n, sizeof(*c->bucket)))) {
+        free(c);
+        return NULL;
+    }
+    c->mask = n - 1;
+    c->max_bytes = memo_bytes;
+    c->min_raw = memo_min;
+    /* Seeded so no client can aim two messages at one key; a failed getrandom only makes
+     * that easier, never wrong. */
+    if (getrandom(&c->seed, sizeof(c->seed), GRND_NONBLOCK) != (ssize_t)sizeof(c->seed))
+        c->seed = (uint64_t)(uintptr_t)c ^ 0x9e3779b97f4a7c15ull;
+    return c;
 }
 
 void kvr_text_cache_free(kvr_text_cache *c)
@@ -37,6 +74,11 @@ void kvr_text_cache_free(kvr_text_cache *c)
         return;
     for (size_t i = 0; i < KVR_TEXT_CACHE_ENTRIES; i++)
         free(c->e[i].text);
+    for (memo_ent *e = c->head, *nx; e; e = nx) {
+        nx = e->next;
+        free(e);
+    }
+    free(c->bucket);
     free(c);
 }
 
@@ -44,6 +86,89 @@ void kvr_text_cache_stats(const kvr_text_cache *c, uint64_t *hits, uint64_t *mis
 {
     *hits = c ? c->hits : 0;
     *misses = c ? c->misses : 0;
+}
+
+void kvr_text_cache_memo_stats(const kvr_text_cache *c, uint64_t *hits, uint64_t *misses,
+                               size_t *bytes)
+{
+    *hits = c ? c->mhits : 0;
+    *misses = c ? c->mmisses : 0;
+    *bytes = c ? c->bytes : 0;
+}
+
+static size_t memo_cost(size_t len)
+{
+    return sizeof(memo_ent) + len;
+}
+
+static void lru_unlink(kvr_text_cache *c, memo_ent *e)
+{
+    if (e->prev)
+        e->prev->next = e->next;
+    else
+        c->head = e->next;
+    if (e->next)
+        e->next->prev = e->prev;
+    else
+        c->tail = e->prev;
+}
+
+static void lru_push(kvr_text_cache *c, memo_ent *e)
+{
+    e->prev = NULL;
+    e->next = c->head;
+    if (c->head)
+        c->head->prev = e;
+    else
+        c->tail = e;
+    c->head = e;
+}
+
+static memo_ent *memo_find(kvr_text_cache *c, XXH128_hash_t key)
+{
+    for (memo_ent *e = c->bucket[key.low64 & c->mask]; e; e = e->hnext)
+        if (XXH128_isEqual(e->key, key)) {
+            if (c->head != e) {
+                lru_unlink(c, e);
+                lru_push(c, e);
+            }
+            return e;
+        }
+    return NULL;
+}
+
+static void memo_evict_tail(kvr_text_cache *c)
+{
+    memo_ent *e = c->tail;
+    memo_ent **pp = &c->bucket[e->key.low64 & c->mask];
+    while (*pp != e)
+        pp = &(*pp)->hnext;
+    *pp = e->hnext;
+    lru_unlink(c, e);
+    c->bytes -= memo_cost(e->len);
+    free(e);
+}
+
+/* Keeps `text` under `key` (absent: memo_find() just missed it). A text above a sixteenth of
+ * the budget is not kept: one huge message would flush every other conversation's. Out of
+ * memory keeps nothing (the text was built anyway). */
+static void memo_add(kvr_text_cache *c, XXH128_hash_t key, const char *text, size_t len)
+{
+    if (memo_cost(len) > c->max_bytes / 16)
+        return;
+    memo_ent *e = malloc(memo_cost(len));
+    if (!e)
+        return;
+    e->key = key;
+    e->len = len;
+    memcpy(e->text, text, len);
+    while (c->tail && c->bytes + memo_cost(len) > c->max_bytes)
+        memo_evict_tail(c);
+    memo_ent **b = &c->bucket[key.low64 & c->mask];
+    e->hnext = *b;
+    *b = e;
+    lru_push(c, e);
+    c->bytes += memo_cost(len);
 }
 
 /* A walk of one body: the writer and the body. */
@@ -246,6 +371,33 @@ static void put_message(ctx *c, const kvr_json_span *msg, kvr_json_iter *in)
     kvr_text_rec_end(&c->w);
 }
 
+/* A message whose span `msg` is known (placed by the scan, or kvr_json_iter_next()): its kept
+ * text when the cache has it, else built and kept (when long enough, and not cut: a cut text
+ * is no message's). Without a cache for messages, built. */
+static void put_message_memo(ctx *c, const kvr_json_span *msg, kvr_text_cache *cache)
+{
+    kvr_json_iter in = {0};
+    if (!cache || !cache->bucket || msg->kind != KVR_JSON_OBJECT ||
+        msg->len < cache->min_raw) {
+        kvr_json_iter_init(&in, c->buf, msg);
+        put_message(c, msg, &in);
+        return;
+    }
+    XXH128_hash_t key = XXH3_128bits_withSeed(c->buf + msg->off, msg->len, cache->seed);
+    memo_ent *e = memo_find(cache, key);
+    if (e) {
+        cache->mhits++;
+        kvr_text_put(&c->w, e->text, e->len);
+        return;
+    }
+    cache->mmisses++;
+    size_t start = c->w.b->len;
+    kvr_json_iter_init(&in, c->buf, msg);
+    put_message(c, msg, &in);
+    if (!done(c))
+        memo_add(cache, key, c->w.b->data + start, c->w.b->len - start);
+}
+
 /* ---- tools ---------------------------------------------------------------------------- */
 
 /* The tools section built by the tree code (routing/keys.c sorts by name, ties by canonical
@@ -342,7 +494,8 @@ static int finish(ctx *c)
 
 int kvr_route_text_scan(const char *buf, const kvr_json_span *tools,
                         const kvr_json_span *functions, const kvr_json_span *messages,
-                        kvr_text_cache *cache, kvr_buf *out)
+                        const kvr_json_elem *msgs, size_t nmsgs, kvr_text_cache *cache,
+                        kvr_buf *out)
 {
     ctx c = {.w = {.b = out}, .buf = buf};
     /* The text is about as long as the messages as written: one allocation up front rather
@@ -356,6 +509,24 @@ int kvr_route_text_scan(const char *buf, const kvr_json_span *tools,
     kvr_json_span m;
     if (messages->kind == KVR_JSON_ARRAY) /* anything else: no message, as the tree */
         kvr_json_iter_init(&it, buf, messages);
+    else
+        nmsgs = 0;
+    if (msgs && nmsgs) {
+        /* The messages the scan placed: none is walked to. The walk below goes on after the
+         * last of them (a valid array: its separator, or its end). */
+        if (nmsgs > messages->count)
+            nmsgs = messages->count;
+        for (size_t i = 0; i < nmsgs && !done(&c); i++) {
+            m = (kvr_json_span){.off = msgs[i].off, .len = msgs[i].len, .kind = msgs[i].kind};
+            put_message_memo(&c, &m, cache);
+        }
+        it.pos = msgs[nmsgs - 1].off + msgs[nmsgs - 1].len;
+    }
+    if (cache && cache->bucket) {
+        while (!done(&c) && kvr_json_iter_next(&it, NULL, &m))
+            put_message_memo(&c, &m, cache);
+        return finish(&c);
+    }
     while (!done(&c) && kvr_json_iter_descend(&it, &m, &in)) {
         put_message(&c, &m, &in);
         if (in.parent) /* `in` not walked to its end (cannot happen): leave the walk */

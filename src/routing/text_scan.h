@@ -9,7 +9,15 @@
  * The tools section (tools and legacy functions, sorted, parameters as canonical JSON) is
  * built from a jansson tree of the two spans, then kept in a kvr_text_cache keyed by the
  * XXH3-128 of their raw bytes: a fleet whose requests all carry the same tool list reads it
- * once per KVR_TEXT_CACHE_ENTRIES distinct lists. */
+ * once per KVR_TEXT_CACHE_ENTRIES distinct lists.
+ *
+ * The same cache keeps the text of each message of at least `memo_min` raw bytes, keyed by
+ * the XXH3-128 (seeded per cache) of the message as written, up to a byte budget (LRU): every
+ * turn of a conversation sends its earlier messages again byte for byte, and a fleet's
+ * conversations share their system prompts, so most messages are decoded once rather than
+ * once per turn. A message's text depends on its bytes alone (routing/keys.h), and a hit
+ * appends it through the same cap rule (routing/text_writer.h), so texts and returns are the
+ * same with and without the cache (fuzz/fuzz_route_text.c checks both against the tree). */
 #ifndef KVR_ROUTING_TEXT_SCAN_H
 #define KVR_ROUTING_TEXT_SCAN_H
 #include <stddef.h>
@@ -28,22 +36,36 @@
  *  bytes. Not thread-safe: one per event loop. Create with kvr_text_cache_new(). */
 typedef struct kvr_text_cache kvr_text_cache;
 
-/** A new empty cache, or NULL when memory ran out. */
-kvr_text_cache *kvr_text_cache_new(void);
+/** Smallest message, raw bytes as written, whose text kvroute keeps (a shorter one decodes
+ *  in about the time its lookup takes). */
+#define KVR_TEXT_MEMO_MIN 128
+
+/** A new empty cache keeping the texts of messages of at least `memo_min` raw bytes in at
+ *  most `memo_bytes` bytes (texts and their bookkeeping; 0 keeps none: tools sections
+ *  only), or NULL when memory ran out. kvroute passes --routing-text-cache-bytes and
+ *  KVR_TEXT_MEMO_MIN. */
+kvr_text_cache *kvr_text_cache_new(size_t memo_bytes, size_t memo_min);
 /** Frees the cache and every text it holds; NULL is a no-op. */
 void kvr_text_cache_free(kvr_text_cache *c);
 /** Lookups that found their tools section (`*hits`) and that built it (`*misses`) so far. */
 void kvr_text_cache_stats(const kvr_text_cache *c, uint64_t *hits, uint64_t *misses);
+/** Message texts found (`*hits`) and built (`*misses`, counted only for messages long enough
+ *  to keep) so far, and the bytes the kept ones take now (`*bytes`). NULL `c`: all 0. */
+void kvr_text_cache_memo_stats(const kvr_text_cache *c, uint64_t *hits, uint64_t *misses,
+                               size_t *bytes);
 
 /** Appends the chat routing text (kvr_route_text_build() with KVR_ROUTE_CHAT) of the body
  *  `buf` that kvr_json_scan() accepted, given the spans of its top-level `tools`,
  *  `functions` and `messages` members (each KVR_JSON_ABSENT when the body has none; as
- *  kvr_body_fields_scan() locates them) to `out`, cut at its cap. `cache` (may be NULL: no
- *  caching) keeps the tools sections. Returns 0, 1 when the text was cut at the cap, -1 out of
- *  memory (`out` then holds a prefix of the text). */
+ *  kvr_body_fields_scan() locates them) to `out`, cut at its cap. `msgs` (may be NULL) holds
+ *  where the first `nmsgs` messages lie (kvr_body_messages()), so they are not walked to; the
+ *  rest are. `cache` (may be NULL: no caching) keeps the tools sections and message texts.
+ *  Returns 0, 1 when the text was cut at the cap, -1 out of memory (`out` then holds a
+ *  prefix of the text). */
 int kvr_route_text_scan(const char *buf, const kvr_json_span *tools,
                         const kvr_json_span *functions, const kvr_json_span *messages,
-                        kvr_text_cache *cache, kvr_buf *out);
+                        const kvr_json_elem *msgs, size_t nmsgs, kvr_text_cache *cache,
+                        kvr_buf *out);
 
 /** The completions routing text (kvr_route_text_build() with KVR_ROUTE_COMPLETIONS) from the
  *  span of the body's top-level `prompt` (KVR_JSON_ABSENT when none): a string prompt is

@@ -32,6 +32,9 @@ typedef struct scan {
     size_t sub_nontoken;  /* ... of which not token ids */
     kvr_json_kind role;   /* its last "role" member's kind, when it is an object */
     int in_role;          /* the member being read in that object is "role" */
+    kvr_json_span *rec;   /* the member whose elements are recorded, or NULL */
+    kvr_json_elem *elems; /* where (kvr_json_scan_elems()) */
+    size_t elems_cap;
     uint64_t is_array[KVR_JSON_MAX_DEPTH / 64]; /* per open container: 1 = array */
 } scan;
 
@@ -107,6 +110,24 @@ static inline int simple_escape(unsigned char e)
     return g_simple_escape[e];
 }
 
+#if defined(__SSE2__)
+/* The lanes of `v` holding one of the one-letter escapes' letters (g_simple_escape), as a
+ * movemask. */
+static inline unsigned simple_mask(__m128i v)
+{
+    __m128i m = _mm_or_si128(
+        _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8('"')),
+                                  _mm_cmpeq_epi8(v, _mm_set1_epi8('\\'))),
+                     _mm_or_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8('/')),
+                                  _mm_cmpeq_epi8(v, _mm_set1_epi8('b')))),
+        _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8('f')),
+                                  _mm_cmpeq_epi8(v, _mm_set1_epi8('n'))),
+                     _mm_or_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8('r')),
+                                  _mm_cmpeq_epi8(v, _mm_set1_epi8('t')))));
+    return (unsigned)_mm_movemask_epi8(m);
+}
+#endif
+
 /* A string at p (its opening quote): returns the byte after its closing quote, or NULL when it
  * is not a valid string (RFC 8259 §7, §8.1, jansson's rules). *esc = 1 when it has escapes. */
 static const unsigned char *string(const unsigned char *p, const unsigned char *end, int *esc)
@@ -123,10 +144,33 @@ static const unsigned char *string(const unsigned char *p, const unsigned char *
         int slow = 0;
         while (!slow && end - p >= 16) {
             __m128i v = _mm_loadu_si128((const __m128i *)(const void *)p);
-            __m128i m = _mm_or_si128(
-                _mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, bslash)),
-                _mm_cmplt_epi8(v, space)); /* signed: bytes >= 0x80 count as < 0x20 */
-            unsigned bits = (unsigned)_mm_movemask_epi8(m);
+            __m128i mq = _mm_cmpeq_epi8(v, quote), mb = _mm_cmpeq_epi8(v, bslash),
+                    mc = _mm_cmplt_epi8(v, space); /* signed: bytes >= 0x80 count as < 0x20 */
+            unsigned q = (unsigned)_mm_movemask_epi8(mq), bs = (unsigned)_mm_movemask_epi8(mb);
+            /* The usual block, without a branch per escape: ASCII, its backslashes alone (none
+             * next to another), each followed by a one-letter escape. Then every backslash
+             * starts an escape, the bytes after them are the escaped ones, and the first other
+             * quote ends the string. A backslash in the last byte starts an escape of the next
+             * block: this one then ends before it (15 bytes). */
+            if (!_mm_movemask_epi8(mc) && !(bs & (bs << 1))) {
+                unsigned lim = bs & 0x8000 ? 0x7fffu : 0xffffu;
+                unsigned own = bs & lim, escd = own << 1; /* within lim: no bs next to bit 15 */
+                if (escd && (escd & ~simple_mask(v)))
+                    goto per_special; /* a \u escape (or an invalid one) */
+                unsigned stop = q & ~escd & lim;
+                if (stop) {
+                    unsigned i = (unsigned)__builtin_ctz(stop);
+                    if (own & ((1u << i) - 1))
+                        *esc = 1;
+                    return p + i + 1;
+                }
+                if (own)
+                    *esc = 1;
+                p += lim == 0xffffu ? 16 : 15;
+                continue;
+            }
+        per_special:;
+            unsigned bits = (unsigned)_mm_movemask_epi8(_mm_or_si128(_mm_or_si128(mq, mb), mc));
             const unsigned char *next = p + 16;
             while (bits) {
                 unsigned i = (unsigned)__builtin_ctz(bits);
@@ -432,6 +476,10 @@ static void on_begin(scan *s, size_t depth, kvr_json_kind kind, const unsigned c
         s->cur->kind = kind;
         s->cur->first_norole = SIZE_MAX;
     } else if (depth == 2 && s->cur->kind == KVR_JSON_ARRAY) {
+        if (s->cur == s->rec && s->cur->count < s->elems_cap) {
+            s->elems[s->cur->count].off = (size_t)(p - s->start);
+            s->elems[s->cur->count].kind = kind;
+        }
         s->ekind = kind;
         s->sub_count = s->sub_nontoken = 0;
         s->role = KVR_JSON_ABSENT;
@@ -470,6 +518,8 @@ static void on_end(scan *s, size_t depth, kvr_json_kind kind, const unsigned cha
         return;
     }
     size_t idx = c->count++;
+    if (c == s->rec && idx < s->elems_cap)
+        s->elems[idx].len = (size_t)(p - s->start) - s->elems[idx].off;
     c->nonstring += kind != KVR_JSON_STRING;
     c->nontoken += !token;
     c->nontokarr += !(kind == KVR_JSON_ARRAY && s->sub_count && !s->sub_nontoken);
@@ -494,7 +544,16 @@ static inline int is_array(const scan *s, size_t depth)
 int kvr_json_scan(const char *buf, size_t len, const char *const *names, size_t n,
                   kvr_json_span *out)
 {
+    return kvr_json_scan_elems(buf, len, names, n, out, 0, NULL, 0);
+}
+
+int kvr_json_scan_elems(const char *buf, size_t len, const char *const *names, size_t n,
+                        kvr_json_span *out, size_t which, kvr_json_elem *elems, size_t cap)
+{
     scan s;
+    s.rec = elems && cap && which < n ? &out[which] : NULL;
+    s.elems = elems;
+    s.elems_cap = cap;
     s.start = (const unsigned char *)buf;
     s.names = names;
     s.n = n;
@@ -654,18 +713,24 @@ static const unsigned char *skip_string_valid(const unsigned char *p, const unsi
         unsigned q = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(v, quote));
         unsigned bs = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(v, bslash));
         if (bs) {
-            *esc = 1;
             if ((bs & (bs << 1)) || (bs & 0x8000)) {
                 p += __builtin_ctz(q | bs);
                 if (*p == '"')
                     return p + 1;
+                *esc = 1;
                 p += 2;
                 continue;
             }
             q &= ~(bs << 1);
         }
-        if (q)
-            return p + __builtin_ctz(q) + 1;
+        if (q) {
+            unsigned i = (unsigned)__builtin_ctz(q);
+            if (bs & ((1u << i) - 1)) /* a backslash past the string's end is not its own */
+                *esc = 1;
+            return p + i + 1;
+        }
+        if (bs)
+            *esc = 1;
         p += 16;
     }
 #endif

@@ -67,6 +67,21 @@ typedef struct kvr_json_span {
 int kvr_json_scan(const char *buf, size_t len, const char *const *names, size_t n,
                   kvr_json_span *out);
 
+/** Where one element of an array lies (kvr_json_scan_elems()). */
+typedef struct kvr_json_elem {
+    size_t off;         /**< its first byte, from the start of the buffer */
+    size_t len;         /**< its bytes as written */
+    kvr_json_kind kind; /**< what it is (an integer or a real: KVR_JSON_INTEGER or _REAL) */
+} kvr_json_elem;
+
+/** kvr_json_scan(), recording in the same pass where the first `cap` elements of the array
+ *  located for `names[which]` lie (`which` < `n`): `elems[i]` for i < min(cap,
+ *  out[which].count) when out[which] is an array (its last occurrence, as the span); nothing
+ *  else is written. Lets a walk over those elements (the messages of a chat body) start at
+ *  each one without skipping the ones before. Same returns as kvr_json_scan(). */
+int kvr_json_scan_elems(const char *buf, size_t len, const char *const *names, size_t n,
+                        kvr_json_span *out, size_t which, kvr_json_elem *elems, size_t cap);
+
 /** The last member named `name` of the object `obj` (a span located by kvr_json_scan() in
  *  `buf`) into `*out` (offsets from the start of `buf`; array summaries included). Returns 1
  *  when found, 0 when not (then `*out` is KVR_JSON_ABSENT), also when `obj` is no object. */

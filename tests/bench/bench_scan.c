@@ -118,12 +118,14 @@ typedef enum {
     TEXT_TREE,
     TEXT_SCAN,
     TEXT_SCAN_MISS,
+    TEXT_SCAN_MEMO,
     TEXT_ALONE_SCAN,
     TEXT_ALONE_TREE
 } what;
 
 static volatile size_t g_sink;
-static kvr_text_cache *g_cache; /* the proxy's app->text_cache */
+static kvr_text_cache *g_cache; /* the proxy's app->text_cache, tools sections only */
+static kvr_text_cache *g_memo;  /* the same keeping message texts (--routing-text-cache-bytes) */
 static kvr_session_sources g_src; /* parsed once, as the proxy has it (app->session_sources) */
 
 /* The routing text of a chat body from its tree (what cache_aware reads). */
@@ -163,6 +165,7 @@ static void once(what w, const char *b, size_t len)
     }
     case TEXT_SCAN:      /* the proxy's path now: no tree */
     case TEXT_SCAN_MISS: /* the same with a tools section built every time */
+    case TEXT_SCAN_MEMO: /* the same with every message's text kept from the run before */
     case TEXT_ALONE_SCAN: {
         static kvr_body_fields f;
         if (kvr_body_fields_scan(&f, b, len, &g_src) < 0 ||
@@ -171,10 +174,15 @@ static void once(what w, const char *b, size_t len)
             abort();
         kvr_buf t;
         kvr_buf_init(&t, 32u << 20);
+        size_t nm;
+        const kvr_json_elem *ms = kvr_body_messages(&f, &nm);
         if (kvr_route_text_scan(b, kvr_body_field(&f, KVR_FIELD_TOOLS),
                                 kvr_body_field(&f, KVR_FIELD_FUNCTIONS),
-                                kvr_body_field(&f, KVR_FIELD_MESSAGES),
-                                w == TEXT_SCAN_MISS ? NULL : g_cache, &t) < 0)
+                                kvr_body_field(&f, KVR_FIELD_MESSAGES), ms, nm,
+                                w == TEXT_SCAN_MISS   ? NULL
+                                : w == TEXT_SCAN_MEMO ? g_memo
+                                                      : g_cache,
+                                &t) < 0)
             abort();
         g_sink += t.len;
         kvr_buf_free(&t);
@@ -252,7 +260,8 @@ int main(int argc, char **argv)
     const char *tau = argc > 1 ? argv[1] : "data/tau-bench-airline-gpt4o/trajectories.jsonl";
     double secs = argc > 2 ? atof(argv[2]) : 0.3;
     kvr_session_sources_default(&g_src);
-    g_cache = kvr_text_cache_new();
+    g_cache = kvr_text_cache_new(0, 0);
+    g_memo = kvr_text_cache_new(64u << 20, KVR_TEXT_MEMO_MIN);
     char *tb = tau_body(tau);
     struct {
         const char *name;
@@ -278,6 +287,8 @@ int main(int argc, char **argv)
         {TEXT_SCAN, 1, "routing text from the scan: scan + validate + kvr_route_text_scan "
                        "(now; tools cache hit)"},
         {TEXT_SCAN_MISS, 1, "the same, tools cache miss (tools section built every time)"},
+        {TEXT_SCAN_MEMO, 1, "the same, tools cache hit and every message's text kept "
+                            "(--routing-text-cache-bytes: a later turn resending them)"},
         {TEXT_ALONE_TREE, 1, "text alone: kvr_route_text_build on a tree already read"},
         {TEXT_ALONE_SCAN, 1, "text alone: kvr_body_fields_scan + kvr_route_text_scan"},
     };
@@ -301,5 +312,6 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < sizeof(bodies) / sizeof(bodies[0]); i++)
         free(bodies[i].body);
     kvr_text_cache_free(g_cache);
+    kvr_text_cache_free(g_memo);
     return 0;
 }

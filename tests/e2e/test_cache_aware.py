@@ -366,8 +366,13 @@ def test_next_turn_follows_its_history_without_an_id(sim_factory, kvroute, clien
     assert all(x > 0 for x in cached), cached
 
 
-def test_agent_turns_with_tool_calls_follow_their_history(sim_factory, kvroute, clients):
-    _, kv = sims_kv(sim_factory, kvroute, 4)
+# Message texts are kept by default (--routing-text-cache-bytes) and found again by every
+# later turn; without them each turn decodes all its messages. The decisions must not differ.
+@pytest.mark.parametrize("text_cache", ["default", "0"])
+def test_agent_turns_with_tool_calls_follow_their_history(sim_factory, kvroute, clients,
+                                                          text_cache):
+    extra = () if text_cache == "default" else ("--routing-text-cache-bytes", text_cache)
+    _, kv = sims_kv(sim_factory, kvroute, 4, extra=extra)
     c = clients(kv)
     msgs = [{"role": "system", "content": system_prompt("agent", 4)},
             {"role": "user", "content": "Where is order 77? Cancel it if it has not shipped."}]

@@ -188,6 +188,82 @@ static void test_mutation_fuzz(void **state)
     assert_true(accepted > 1000);
 }
 
+/* Strings dense in escapes, quotes and backslash runs at every offset of the scanner's
+ * 16-byte blocks: the same acceptance as the reader, and `escaped` exactly when the string
+ * holds a backslash. */
+static void test_escape_blocks(void **state)
+{
+    (void)state;
+    static const char *const atoms[] = {"a", "b", "n", " ", "\\n", "\\\"", "\\\\", "\\/",
+                                        "\\t", "\\u0041", "\\u00e9", "\\q", "\"", "\\",
+                                        "\xc3\xa9", "\x01", "u", "/"};
+    const size_t na = sizeof(atoms) / sizeof(atoms[0]);
+    uint64_t x = 42;
+    char buf[256], str[200];
+    for (int round = 0; round < 200000; round++) {
+        size_t n = 0;
+        int pieces = (int)((x >> 40) % 24);
+        for (int i = 0; i < pieces; i++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            /* mostly plain letters and valid escapes, now and then anything */
+            size_t a = (x >> 33) % 16 < 13 ? (x >> 37) % 10 : (x >> 37) % na;
+            size_t l = strlen(atoms[a]);
+            memcpy(str + n, atoms[a], l);
+            n += l;
+        }
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        size_t pad = (x >> 35) % 17; /* where the string starts in a block */
+        int len = snprintf(buf, sizeof(buf), "{\"%.*s\":1,\"s\":\"%.*s\",\"b\":\"\\n\"}",
+                           (int)pad, "ppppppppppppppppp", (int)n, str);
+        same(buf, (size_t)len);
+        const char *names[] = {"s", "b"};
+        kvr_json_span v[2];
+        if (kvr_json_scan(buf, (size_t)len, names, 2, v) == KVR_JSON_OBJECT) {
+            /* as the scan saw it, and as the iterator over validated text does */
+            assert_int_equal(v[0].kind, KVR_JSON_STRING);
+            assert_int_equal(v[0].escaped, memchr(buf + v[0].off, '\\', v[0].len) != NULL);
+            assert_int_equal(v[1].kind, KVR_JSON_STRING);
+            assert_int_equal(v[1].len, 4);
+            kvr_json_span top = {.off = 0, .len = (size_t)len, .kind = KVR_JSON_OBJECT}, s;
+            kvr_json_iter it;
+            kvr_json_iter_init(&it, buf, &top);
+            assert_int_equal(kvr_json_iter_next(&it, NULL, &s), 1);
+            assert_int_equal(kvr_json_iter_next(&it, NULL, &s), 1);
+            assert_int_equal(s.off, v[0].off);
+            assert_int_equal(s.len, v[0].len);
+            assert_int_equal(s.escaped, v[0].escaped);
+        }
+    }
+}
+
+/* kvr_json_scan_elems(): each element's offset, length as written and kind; the last
+ * occurrence of the member counts; no more than `cap` recorded. */
+static void test_elems(void **state)
+{
+    (void)state;
+    const char *b = "{\"m\":[0],\"x\":[9,9],\"m\":[ 1 , {\"a\":\"b\\n\"} ,\"s\",[2],-1.5 ]}";
+    const char *names[] = {"x", "m"};
+    kvr_json_span v[2];
+    kvr_json_elem el[8];
+    memset(el, 0xee, sizeof(el));
+    assert_int_equal(kvr_json_scan_elems(b, strlen(b), names, 2, v, 1, el, 4), KVR_JSON_OBJECT);
+    assert_int_equal(v[1].count, 5);
+    static const char *const want[] = {"1", "{\"a\":\"b\\n\"}", "\"s\"", "[2]"};
+    static const kvr_json_kind kinds[] = {KVR_JSON_INTEGER, KVR_JSON_OBJECT, KVR_JSON_STRING,
+                                          KVR_JSON_ARRAY};
+    for (size_t i = 0; i < 4; i++) {
+        assert_int_equal(el[i].len, strlen(want[i]));
+        assert_memory_equal(b + el[i].off, want[i], el[i].len);
+        assert_int_equal(el[i].kind, kinds[i]);
+    }
+    assert_int_equal(el[4].off, (size_t)0xeeeeeeeeeeeeeeeeull); /* past the cap: untouched */
+    /* the member absent or no array: nothing recorded */
+    memset(el, 0xee, sizeof(el));
+    const char *c = "{\"m\":{\"a\":[1]},\"x\":[3]}";
+    assert_int_equal(kvr_json_scan_elems(c, strlen(c), names, 2, v, 1, el, 8), KVR_JSON_OBJECT);
+    assert_int_equal(el[0].off, (size_t)0xeeeeeeeeeeeeeeeeull);
+}
+
 static void test_spans(void **state)
 {
     (void)state;
@@ -364,7 +440,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_edge_cases),  cmocka_unit_test(test_depth_limit),
-        cmocka_unit_test(test_mutation_fuzz), cmocka_unit_test(test_spans),
+        cmocka_unit_test(test_mutation_fuzz), cmocka_unit_test(test_escape_blocks),
+        cmocka_unit_test(test_elems), cmocka_unit_test(test_spans),
         cmocka_unit_test(test_fields_agree), cmocka_unit_test(test_strdup),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

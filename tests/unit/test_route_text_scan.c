@@ -27,6 +27,9 @@ static const char *data_dir(void)
 }
 
 static kvr_body_fields g_f;
+/* How the builder finds the messages: 1 where the scan placed them (the proxy's way), 0
+ * walked to, 2 the first placed and the rest walked to (a body past KVR_BODY_MESSAGES_MAX). */
+static int g_placed = 1;
 
 /* Both texts of `body` for `kind` at cap `cap`; asserts they are equal; returns the code. */
 static int same_text(const char *body, size_t len, kvr_route_kind kind, size_t cap,
@@ -39,12 +42,19 @@ static int same_text(const char *body, size_t len, kvr_route_kind kind, size_t c
     kvr_buf a, b;
     kvr_buf_init(&a, cap);
     kvr_buf_init(&b, cap);
+    size_t g_nmsgs;
+    const kvr_json_elem *g_msgs = kvr_body_messages(&g_f, &g_nmsgs);
+    if (!g_placed)
+        g_msgs = NULL;
+    else if (g_placed == 2 && g_nmsgs > 1)
+        g_nmsgs = 1;
     int ra = kvr_route_text_build(tree, kind, &a);
     int rb = kind == KVR_ROUTE_COMPLETIONS
                  ? kvr_route_text_scan_prompt(body, kvr_body_field(&g_f, KVR_FIELD_PROMPT), &b)
                  : kvr_route_text_scan(body, kvr_body_field(&g_f, KVR_FIELD_TOOLS),
                                        kvr_body_field(&g_f, KVR_FIELD_FUNCTIONS),
-                                       kvr_body_field(&g_f, KVR_FIELD_MESSAGES), cache, &b);
+                                       kvr_body_field(&g_f, KVR_FIELD_MESSAGES), g_msgs,
+                                       g_nmsgs, cache, &b);
     assert_int_equal(ra, rb);
     assert_int_equal(a.len, b.len);
     if (a.len && memcmp(a.data, b.data, a.len) != 0)
@@ -139,7 +149,7 @@ static void test_completions(void **state)
 static void test_tools_cache(void **state)
 {
     (void)state;
-    kvr_text_cache *c = kvr_text_cache_new();
+    kvr_text_cache *c = kvr_text_cache_new(0, 0);
     assert_non_null(c);
     uint64_t h, m;
     char body[256];
@@ -177,6 +187,68 @@ static void test_tools_cache(void **state)
     kvr_text_cache_free(NULL);
 }
 
+/* The message texts kept: a later turn finds the earlier turns' texts (same text as the
+ * tree's), a cut text is not kept, the budget holds, and a zero budget keeps nothing. */
+static void test_message_memo(void **state)
+{
+    (void)state;
+    kvr_text_cache *c = kvr_text_cache_new(4096, 16);
+    assert_non_null(c);
+    uint64_t h, m;
+    size_t bytes;
+    const char *t1 = "{\"messages\":[{\"role\":\"system\",\"content\":\"You are a helpful "
+                     "agent.\\nBe brief.\"},{\"role\":\"user\",\"content\":\"book a flight\"}]}";
+    const char *t2 = "{\"model\":\"m\",\"messages\":[{\"role\":\"system\",\"content\":\"You "
+                     "are a helpful agent.\\nBe brief.\"},{\"role\":\"user\",\"content\":\"book a "
+                     "flight\"},{\"role\":\"assistant\",\"content\":\"Where to?\"},{\"role\":"
+                     "\"user\",\"content\":\"Paris\"}]}";
+    /* cut inside the first message: nothing kept */
+    assert_int_equal(same_text(t1, strlen(t1), KVR_ROUTE_CHAT, 10, c), 1);
+    kvr_text_cache_memo_stats(c, &h, &m, &bytes);
+    assert_int_equal(h, 0);
+    assert_int_equal(m, 1);
+    assert_int_equal(bytes, 0);
+    assert_int_equal(same_text(t1, strlen(t1), KVR_ROUTE_CHAT, 0, c), 0);
+    kvr_text_cache_memo_stats(c, &h, &m, &bytes);
+    assert_int_equal(h, 0);
+    assert_int_equal(m, 3);
+    assert_true(bytes > 0);
+    /* the next turn: the two messages found, the two new ones built */
+    assert_int_equal(same_text(t2, strlen(t2), KVR_ROUTE_CHAT, 0, c), 0);
+    kvr_text_cache_memo_stats(c, &h, &m, &bytes);
+    assert_int_equal(h, 2);
+    assert_int_equal(m, 5);
+    /* a kept text is cut like a built one */
+    for (size_t cap = 1; cap < 80; cap += 7)
+        same_text(t2, strlen(t2), KVR_ROUTE_CHAT, cap, c);
+    kvr_text_cache_memo_stats(c, &h, &m, &bytes);
+    assert_true(h > 2);
+    /* many distinct messages: the budget holds, the oldest go */
+    char body[512];
+    for (int i = 0; i < 200; i++) {
+        snprintf(body, sizeof(body), "{\"messages\":[{\"role\":\"user\",\"content\":\"message "
+                                     "number %d, long enough to be kept by the cache here\"}]}", i);
+        same_text(body, strlen(body), KVR_ROUTE_CHAT, 0, c);
+        kvr_text_cache_memo_stats(c, &h, &m, &bytes);
+        assert_true(bytes <= 4096);
+    }
+    uint64_t h0 = h;
+    same_text(t1, strlen(t1), KVR_ROUTE_CHAT, 0, c); /* evicted long ago */
+    kvr_text_cache_memo_stats(c, &h, &m, &bytes);
+    assert_int_equal(h, h0);
+    same_text(body, strlen(body), KVR_ROUTE_CHAT, 0, c); /* the last one is still there */
+    kvr_text_cache_memo_stats(c, &h, &m, &bytes);
+    assert_int_equal(h, h0 + 1);
+    kvr_text_cache_free(c);
+    /* no budget: nothing kept, nothing counted */
+    c = kvr_text_cache_new(0, 16);
+    same_text(t2, strlen(t2), KVR_ROUTE_CHAT, 0, c);
+    same_text(t2, strlen(t2), KVR_ROUTE_CHAT, 0, c);
+    kvr_text_cache_memo_stats(c, &h, &m, &bytes);
+    assert_int_equal(h + m + bytes, 0);
+    kvr_text_cache_free(c);
+}
+
 /* Every request of a trace: each conversation cut after every assistant turn, as one chat
  * body (ensure_ascii spelling from jansson, so escapes too), with and without tools. */
 static void trace_check(const char *path, size_t *requests)
@@ -184,7 +256,8 @@ static void trace_check(const char *path, size_t *requests)
     FILE *f = fopen(path, "r");
     if (!f)
         fail_msg("missing %s (set KVROUTE_DATA)", path);
-    kvr_text_cache *cache = kvr_text_cache_new();
+    /* keeps message texts: each request resends the turns before it (cut ones included) */
+    kvr_text_cache *cache = kvr_text_cache_new(1u << 20, KVR_TEXT_MEMO_MIN);
     json_t *tools = json_loads("[{\"type\":\"function\",\"function\":{\"name\":\"think\","
                                "\"description\":\"Think.\",\"parameters\":{\"type\":\"object\","
                                "\"properties\":{\"thought\":{\"type\":\"string\"}}}}}]",
@@ -208,7 +281,11 @@ static void trace_check(const char *path, size_t *requests)
                 json_object_set(body, "tools", tools);
             char *s = json_dumps(body, n % 3 ? JSON_COMPACT : JSON_ENSURE_ASCII);
             assert_int_equal(same_text(s, strlen(s), KVR_ROUTE_CHAT, 0, cache), 0);
+            g_placed = 0;
             same_text(s, strlen(s), KVR_ROUTE_CHAT, strlen(s) / 3, NULL);
+            g_placed = 2;
+            same_text(s, strlen(s), KVR_ROUTE_CHAT, strlen(s) / 3, cache);
+            g_placed = 1;
             (*requests)++;
             free(s);
             json_decref(body);
@@ -218,6 +295,11 @@ static void trace_check(const char *path, size_t *requests)
     free(line);
     fclose(f);
     json_decref(tools);
+    uint64_t h, m;
+    size_t bytes;
+    kvr_text_cache_memo_stats(cache, &h, &m, &bytes);
+    assert_true(h > 2 * m); /* most messages were sent again by a later turn */
+    assert_true(bytes > 0 && bytes <= 1u << 20);
     kvr_text_cache_free(cache);
 }
 
@@ -285,6 +367,7 @@ int main(void)
         cmocka_unit_test(test_hand_written_chat),
         cmocka_unit_test(test_completions),
         cmocka_unit_test(test_tools_cache),
+        cmocka_unit_test(test_message_memo),
         cmocka_unit_test(test_traces),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
