@@ -21,7 +21,8 @@
  * member has the tree's kind and value (its span re-read with jansson equals the tree's
  * value, a string decodes to the tree's bytes, an integer has its value, an array's summary
  * counts what the tree holds); validation on the scan gives the same status, message and
- * param for every endpoint; session key, previous_response_id and the token counts match. */
+ * param for every endpoint; session key, previous_response_id and the token counts match.
+ * The scan with its 32-byte string path off must give exactly what it gives with it on. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -266,6 +267,36 @@ static void check_span(const char *buf, size_t size, const kvr_json_span *s, con
         __builtin_trap();
 }
 
+/* The scan with its 32-byte string path off (16-byte steps only) against `f`, the scan with it
+ * on (where the CPU has AVX2): the same acceptance, spans and recorded messages. */
+static void check_narrow(const char *buf, size_t size, const kvr_session_sources *src, int rc,
+                         const kvr_body_fields *f)
+{
+    static kvr_body_fields g;
+    kvr_json_scan_wide(0);
+    int rc2 = kvr_body_fields_scan(&g, buf, size, src);
+    kvr_json_scan_wide(1);
+    if (rc2 != rc)
+        __builtin_trap();
+    if (rc < 0)
+        return;
+    for (size_t i = 0; i < f->n; i++) {
+        const kvr_json_span *a = &f->v[i], *b = &g.v[i];
+        if (a->off != b->off || a->len != b->len || a->kind != b->kind ||
+            a->escaped != b->escaped || a->ival != b->ival || a->count != b->count ||
+            a->nonstring != b->nonstring || a->nontoken != b->nontoken ||
+            a->nontokarr != b->nontokarr || a->first_norole != b->first_norole)
+            __builtin_trap();
+    }
+    size_t n1, n2;
+    const kvr_json_elem *e1 = kvr_body_messages(f, &n1), *e2 = kvr_body_messages(&g, &n2);
+    if (n1 != n2)
+        __builtin_trap();
+    for (size_t i = 0; i < n1; i++)
+        if (e1[i].off != e2[i].off || e1[i].len != e2[i].len || e1[i].kind != e2[i].kind)
+            __builtin_trap();
+}
+
 /* The scan (what the proxy reads) against the tree (`body`, NULL when kvr_json_read refused
  * the input). */
 static void check_scan(const char *buf, size_t size, const json_t *body,
@@ -273,6 +304,7 @@ static void check_scan(const char *buf, size_t size, const json_t *body,
 {
     static kvr_body_fields f;
     int rc = kvr_body_fields_scan(&f, buf, size, src);
+    check_narrow(buf, size, src, rc, &f);
     if ((rc == 0) != (body != NULL))
         __builtin_trap(); /* same acceptance as kvr_json_read */
     if (!body)

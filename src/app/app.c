@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "events/kvevents.h"
+#include "routing/text_scan.h"
 #include "upstream/egress.h"
 #include "util/log.h"
 #include "util/time.h"
@@ -110,6 +111,12 @@ static void refresh_workers(void *ud)
         kvr_metric_set(app->m.breaker_state, lv, (double)kvr_worker_breaker(w)->state);
     }
     kvr_metric_set(app->m.access_dropped, NULL, (double)kvr_access_log_dropped(app->access));
+    uint64_t hits, misses;
+    size_t bytes;
+    kvr_text_cache_memo_stats(app->text_cache, &hits, &misses, &bytes);
+    kvr_metric_set(app->m.text_cache_hits, NULL, (double)hits);
+    kvr_metric_set(app->m.text_cache_misses, NULL, (double)misses);
+    kvr_metric_set(app->m.text_cache_bytes, NULL, (double)bytes);
     double by_source[3] = {0, 0, 0};
     static const char *const sources[3] = {"config", "api", "kubernetes"};
     for (size_t i = 0; i < kvr_registry_count(app->reg); i++) {
@@ -307,6 +314,20 @@ void kvr_app_metrics_init(kvr_app *app)
                                             "error (--access-log)",
                                             0, NULL);
     kvr_metric_set(m->access_dropped, NULL, 0);
+    m->text_cache_hits = kvr_metrics_counter(r, "kvroute_routing_text_cache_hits_total",
+                                             "Messages whose routing text was reused from an "
+                                             "earlier request (--routing-text-cache-bytes)",
+                                             0, NULL);
+    m->text_cache_misses = kvr_metrics_counter(r, "kvroute_routing_text_cache_misses_total",
+                                               "Messages long enough to keep whose routing "
+                                               "text was built",
+                                               0, NULL);
+    m->text_cache_bytes = kvr_metrics_gauge(r, "kvroute_routing_text_cache_bytes",
+                                            "Memory the kept routing texts take, bytes", 0,
+                                            NULL);
+    kvr_metric_set(m->text_cache_hits, NULL, 0);
+    kvr_metric_set(m->text_cache_misses, NULL, 0);
+    kvr_metric_set(m->text_cache_bytes, NULL, 0);
     kvr_metrics_add_process(r);
     kvr_metrics_on_render(r, refresh_workers, app);
 }

@@ -62,6 +62,11 @@ typedef struct kvr_app_metrics {
     kvr_metric *discovery_errors;  /**< kvroute_discovery_errors_total{source} */
     kvr_metric *access_dropped;    /**< kvroute_access_log_dropped_total (mirrors the sink's
                                         count at render) */
+    kvr_metric *text_cache_hits;   /**< kvroute_routing_text_cache_hits_total (messages whose
+                                        kept text was reused; mirrored at render) */
+    kvr_metric *text_cache_misses; /**< kvroute_routing_text_cache_misses_total (messages long
+                                        enough to keep whose text was built) */
+    kvr_metric *text_cache_bytes;  /**< kvroute_routing_text_cache_bytes (kept texts now) */
 } kvr_app_metrics;
 
 /** A worker added at run time (POST /workers). The fleet is built from the configuration plus

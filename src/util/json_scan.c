@@ -8,6 +8,12 @@
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
+/* 32-byte steps where the CPU has AVX2, chosen at run time (the build targets baseline
+ * x86-64). */
+#if defined(__SSE2__) && defined(__x86_64__) && defined(__GNUC__)
+#define WIDE 1
+#include <immintrin.h>
+#endif
 
 #include "util/json_lex.h"
 
@@ -128,6 +134,81 @@ static inline unsigned simple_mask(__m128i v)
 }
 #endif
 
+#if WIDE
+/* -1 until first asked; then 1 when the 32-byte path runs (AVX2 present and not turned off by
+ * kvr_json_scan_wide()). */
+static int g_wide = -1;
+
+static int wide(void)
+{
+    if (g_wide < 0)
+        g_wide = __builtin_cpu_supports("avx2") ? 1 : 0;
+    return g_wide;
+}
+
+/* simple_mask() for 32 bytes, by nibbles: `lo_t` maps a byte's low nibble and `hi_t` its high
+ * nibble to bit sets whose AND is non-zero exactly for the eight letters (hi 2: " /, 5: \\,
+ * 6: b f n, 7: r t). Bytes >= 0x80 never match (their blocks are not taken anyway). */
+__attribute__((target("avx2"))) static inline uint32_t simple_mask32(__m256i v, __m256i lo_t,
+                                                                      __m256i hi_t)
+{
+    const __m256i nib = _mm256_set1_epi8(0x0f);
+    __m256i lo = _mm256_shuffle_epi8(lo_t, _mm256_and_si256(v, nib));
+    __m256i hi = _mm256_shuffle_epi8(hi_t, _mm256_and_si256(_mm256_srli_epi16(v, 4), nib));
+    __m256i none = _mm256_cmpeq_epi8(_mm256_and_si256(lo, hi), _mm256_setzero_si256());
+    return ~(uint32_t)_mm256_movemask_epi8(none);
+}
+
+/* string()'s usual block (see there) 32 bytes at a time from p, inside a string: returns
+ * the byte after the closing quote with *ended = 1, or, *ended = 0, where a block that needs
+ * string()'s care begins (or fewer than 32 bytes are left). */
+__attribute__((target("avx2"))) static const unsigned char *
+string_wide(const unsigned char *p, const unsigned char *end, int *esc, int *ended)
+{
+    const __m256i quote = _mm256_set1_epi8('"'), bslash = _mm256_set1_epi8('\\'),
+                  space = _mm256_set1_epi8(0x20);
+    /* simple_mask32()'s tables: bit 1 = high nibble 2, 2 = 5, 4 = 6, 8 = 7 */
+    const __m256i lo_t = _mm256_setr_epi8(0, 0, 13, 0, 8, 0, 4, 0, 0, 0, 0, 0, 2, 0, 4, 1, /**/
+                                          0, 0, 13, 0, 8, 0, 4, 0, 0, 0, 0, 0, 2, 0, 4, 1);
+    const __m256i hi_t = _mm256_setr_epi8(0, 0, 1, 0, 0, 2, 4, 8, 0, 0, 0, 0, 0, 0, 0, 0, /**/
+                                          0, 0, 1, 0, 0, 2, 4, 8, 0, 0, 0, 0, 0, 0, 0, 0);
+    *ended = 0;
+    while (end - p >= 32) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)p);
+        uint32_t q = (uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(v, quote));
+        uint32_t bs = (uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(v, bslash));
+        /* signed: bytes >= 0x80 count as < 0x20 */
+        if (_mm256_movemask_epi8(_mm256_cmpgt_epi8(space, v)) || (bs & (bs << 1)))
+            break;
+        uint32_t lim = bs & 0x80000000u ? 0x7fffffffu : 0xffffffffu;
+        uint32_t own = bs & lim, escd = own << 1;
+        if (escd && (escd & ~simple_mask32(v, lo_t, hi_t)))
+            break;
+        uint32_t stop = q & ~escd & lim;
+        if (stop) {
+            unsigned i = (unsigned)__builtin_ctz(stop);
+            if (own & ((1u << i) - 1))
+                *esc = 1;
+            *ended = 1;
+            return p + i + 1;
+        }
+        if (own)
+            *esc = 1;
+        p += lim == 0xffffffffu ? 32 : 31;
+    }
+    return p;
+}
+#endif
+
+void kvr_json_scan_wide(int on)
+{
+#if WIDE
+    g_wide = on && __builtin_cpu_supports("avx2") ? 1 : 0;
+#else
+    (void)on;
+#endif
+}
+
 /* A string at p (its opening quote): returns the byte after its closing quote, or NULL when it
  * is not a valid string (RFC 8259 §7, §8.1, jansson's rules). *esc = 1 when it has escapes. */
 static const unsigned char *string(const unsigned char *p, const unsigned char *end, int *esc)
@@ -142,7 +223,27 @@ static const unsigned char *string(const unsigned char *p, const unsigned char *
         const __m128i quote = _mm_set1_epi8('"'), bslash = _mm_set1_epi8('\\'),
                       space = _mm_set1_epi8(0x20);
         int slow = 0;
+#if WIDE
+        /* 16-byte blocks before the next try of the 32-byte path: the first block of a string
+         * (most keys and short values end in it, with no call), and two after a block the
+         * wide path could not take. */
+        int cool = 1;
+#endif
         while (!slow && end - p >= 16) {
+#if WIDE
+            if (!cool && end - p >= 32 && wide()) {
+                int ended;
+                const unsigned char *r = string_wide(p, end, esc, &ended);
+                if (ended)
+                    return r;
+                cool = r == p ? 2 : 0;
+                p = r;
+                if (end - p < 16)
+                    break;
+            } else if (cool) {
+                cool--;
+            }
+#endif
             __m128i v = _mm_loadu_si128((const __m128i *)(const void *)p);
             __m128i mq = _mm_cmpeq_epi8(v, quote), mb = _mm_cmpeq_epi8(v, bslash),
                     mc = _mm_cmplt_epi8(v, space); /* signed: bytes >= 0x80 count as < 0x20 */

@@ -82,6 +82,11 @@ typedef struct kvr_json_elem {
 int kvr_json_scan_elems(const char *buf, size_t len, const char *const *names, size_t n,
                         kvr_json_span *out, size_t which, kvr_json_elem *elems, size_t cap);
 
+/** Turns the 32-byte string scan off (0) or back on (1, the default where the CPU has AVX2;
+ *  a no-op elsewhere): tests and fuzz harnesses compare the two paths. Not thread-safe; call
+ *  before scanning. */
+void kvr_json_scan_wide(int on);
+
 /** The last member named `name` of the object `obj` (a span located by kvr_json_scan() in
  *  `buf`) into `*out` (offsets from the start of `buf`; array summaries included). Returns 1
  *  when found, 0 when not (then `*out` is KVR_JSON_ABSENT), also when `obj` is no object. */

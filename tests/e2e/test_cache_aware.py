@@ -393,6 +393,14 @@ def test_agent_turns_with_tool_calls_follow_their_history(sim_factory, kvroute, 
     alt = [dict(m, content="") if m["role"] == "assistant" else m for m in msgs]
     r = c.chat(alt, tools=TOOLS)
     assert r.decision == "prefix_match" and r.worker == owner and r.match_hdr == "1.00", r
+    # every turn resent the system prompt: its text was built once, then reused
+    hits = metric(kv, "kvroute_routing_text_cache_hits_total")
+    misses = metric(kv, "kvroute_routing_text_cache_misses_total")
+    kept = metric(kv, "kvroute_routing_text_cache_bytes")
+    if text_cache == "0":
+        assert (hits, misses, kept) == (0, 0, 0)
+    else:
+        assert hits >= 3 and misses >= 1 and 0 < kept <= 64 << 20, (hits, misses, kept)
 
 
 def test_completions_token_ids_route_by_prefix_never_by_count(sim_factory, kvroute, clients):
