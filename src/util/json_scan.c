@@ -332,6 +332,29 @@ static const unsigned char *string(const unsigned char *p, const unsigned char *
     }
 }
 
+/* string(), with the usual short string (a member name, a role: plain bytes and its closing
+ * quote within the 16 bytes after the opening one) read inline without the call. */
+static inline const unsigned char *short_string(const unsigned char *p,
+                                                const unsigned char *end, int *esc)
+{
+#if defined(__SSE2__)
+    if (end - p >= 17) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(p + 1));
+        __m128i m = _mm_or_si128(
+            _mm_or_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8('"')),
+                         _mm_cmpeq_epi8(v, _mm_set1_epi8('\\'))),
+            _mm_cmplt_epi8(v, _mm_set1_epi8(0x20))); /* signed: bytes >= 0x80 too */
+        unsigned bits = (unsigned)_mm_movemask_epi8(m);
+        if (bits) {
+            unsigned i = (unsigned)__builtin_ctz(bits);
+            if (p[1 + i] == '"')
+                return p + 2 + i;
+        }
+    }
+#endif
+    return string(p, end, esc);
+}
+
 /* What each one-letter escape stands for (0: \u, or not an escape). */
 static const unsigned char g_unescaped[256] = {
     ['"'] = '"', ['\\'] = '\\', ['/'] = '/', ['b'] = '\b', ['f'] = '\f', ['n'] = '\n',
@@ -702,7 +725,7 @@ value:
     case '"':
         on_begin(&s, depth, KVR_JSON_STRING, p);
         kind = KVR_JSON_STRING;
-        if (!(p = string(p, end, &esc)))
+        if (!(p = short_string(p, end, &esc)))
             return -1;
         goto value_end;
     case 't':
@@ -773,7 +796,7 @@ key:
     {
         const unsigned char *ks = p;
         esc = 0;
-        if (!(p = string(p, end, &esc)))
+        if (!(p = short_string(p, end, &esc)))
             return -1;
         on_key(&s, depth, ks + 1, p - 1, esc);
     }
