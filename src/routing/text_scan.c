@@ -511,11 +511,11 @@ int kvr_route_text_scan(const char *buf, const kvr_json_span *tools,
         kvr_json_iter_init(&it, buf, messages);
     else
         nmsgs = 0;
+    if (nmsgs > messages->count)
+        nmsgs = messages->count;
     if (msgs && nmsgs) {
         /* The messages the scan placed: none is walked to. The walk below goes on after the
          * last of them (a valid array: its separator, or its end). */
-        if (nmsgs > messages->count)
-            nmsgs = messages->count;
         for (size_t i = 0; i < nmsgs && !done(&c); i++) {
             m = (kvr_json_span){.off = msgs[i].off, .len = msgs[i].len, .kind = msgs[i].kind};
             put_message_memo(&c, &m, cache);
