@@ -117,6 +117,39 @@ static inline int simple_escape(unsigned char e)
 }
 
 #if defined(__SSE2__)
+/* string()'s usual block, from its masks (bit i = byte i of a block of `width` 16 or 32
+ * bytes: `q` quotes, `bs` backslashes, `simple` the one-letter escapes' letters; ASCII with
+ * no control byte, checked by the caller): its backslashes alone (none next to another),
+ * each followed by a one-letter escape. Then every backslash starts an escape, the bytes
+ * after them are the escaped ones, and the first other quote ends the string. A backslash in
+ * the last byte starts an escape of the next block: this one then ends before it. Returns -1
+ * when the block needs string()'s care, 1 when the string ends (*adv = bytes up to and
+ * including its closing quote), 0 when it goes on (*adv = bytes taken); sets *esc = 1 when
+ * the string's part of the block holds an escape. */
+static inline int lone_escapes(uint32_t q, uint32_t bs, uint32_t simple, unsigned width,
+                               int *esc, unsigned *adv)
+{
+    if (bs & (bs << 1))
+        return -1;
+    uint32_t last = 1u << (width - 1), all = last | (last - 1);
+    uint32_t lim = bs & last ? all >> 1 : all;
+    uint32_t own = bs & lim, escd = own << 1; /* within lim: no bs next to the last byte */
+    if (escd & ~simple)
+        return -1; /* a \u escape (or an invalid one) */
+    uint32_t stop = q & ~escd & lim;
+    if (stop) {
+        unsigned i = (unsigned)__builtin_ctz(stop);
+        if (own & ((1u << i) - 1))
+            *esc = 1;
+        *adv = i + 1;
+        return 1;
+    }
+    if (own)
+        *esc = 1;
+    *adv = lim == all ? width : width - 1;
+    return 0;
+}
+
 /* The lanes of `v` holding one of the one-letter escapes' letters (g_simple_escape), as a
  * movemask. */
 static inline unsigned simple_mask(__m128i v)
@@ -178,23 +211,17 @@ string_wide(const unsigned char *p, const unsigned char *end, int *esc, int *end
         uint32_t q = (uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(v, quote));
         uint32_t bs = (uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(v, bslash));
         /* signed: bytes >= 0x80 count as < 0x20 */
-        if (_mm256_movemask_epi8(_mm256_cmpgt_epi8(space, v)) || (bs & (bs << 1)))
+        if (_mm256_movemask_epi8(_mm256_cmpgt_epi8(space, v)))
             break;
-        uint32_t lim = bs & 0x80000000u ? 0x7fffffffu : 0xffffffffu;
-        uint32_t own = bs & lim, escd = own << 1;
-        if (escd && (escd & ~simple_mask32(v, lo_t, hi_t)))
+        unsigned adv;
+        int r = lone_escapes(q, bs, bs ? simple_mask32(v, lo_t, hi_t) : 0, 32, esc, &adv);
+        if (r < 0)
             break;
-        uint32_t stop = q & ~escd & lim;
-        if (stop) {
-            unsigned i = (unsigned)__builtin_ctz(stop);
-            if (own & ((1u << i) - 1))
-                *esc = 1;
+        p += adv;
+        if (r) {
             *ended = 1;
-            return p + i + 1;
+            return p;
         }
-        if (own)
-            *esc = 1;
-        p += lim == 0xffffffffu ? 32 : 31;
     }
     return p;
 }
@@ -248,29 +275,17 @@ static const unsigned char *string(const unsigned char *p, const unsigned char *
             __m128i mq = _mm_cmpeq_epi8(v, quote), mb = _mm_cmpeq_epi8(v, bslash),
                     mc = _mm_cmplt_epi8(v, space); /* signed: bytes >= 0x80 count as < 0x20 */
             unsigned q = (unsigned)_mm_movemask_epi8(mq), bs = (unsigned)_mm_movemask_epi8(mb);
-            /* The usual block, without a branch per escape: ASCII, its backslashes alone (none
-             * next to another), each followed by a one-letter escape. Then every backslash
-             * starts an escape, the bytes after them are the escaped ones, and the first other
-             * quote ends the string. A backslash in the last byte starts an escape of the next
-             * block: this one then ends before it (15 bytes). */
-            if (!_mm_movemask_epi8(mc) && !(bs & (bs << 1))) {
-                unsigned lim = bs & 0x8000 ? 0x7fffu : 0xffffu;
-                unsigned own = bs & lim, escd = own << 1; /* within lim: no bs next to bit 15 */
-                if (escd && (escd & ~simple_mask(v)))
-                    goto per_special; /* a \u escape (or an invalid one) */
-                unsigned stop = q & ~escd & lim;
-                if (stop) {
-                    unsigned i = (unsigned)__builtin_ctz(stop);
-                    if (own & ((1u << i) - 1))
-                        *esc = 1;
-                    return p + i + 1;
+            /* The usual block (lone_escapes()) without a branch per escape. */
+            if (!_mm_movemask_epi8(mc)) {
+                unsigned adv;
+                int r = lone_escapes(q, bs, bs ? simple_mask(v) : 0, 16, esc, &adv);
+                if (r > 0)
+                    return p + adv;
+                if (r == 0) {
+                    p += adv;
+                    continue;
                 }
-                if (own)
-                    *esc = 1;
-                p += lim == 0xffffu ? 16 : 15;
-                continue;
             }
-        per_special:;
             unsigned bits = (unsigned)_mm_movemask_epi8(_mm_or_si128(_mm_or_si128(mq, mb), mc));
             const unsigned char *next = p + 16;
             while (bits) {
