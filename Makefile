@@ -101,10 +101,14 @@ test: all
 # every fuzz harness for 10 s (`make fuzz FUZZ_SECONDS=N` for longer runs), then the container
 # image built and proved without a registry (scripts/image-test.sh: root, podman, debootstrap;
 # under 3 minutes cold on 2 cores, 30 s with its caches).
+# The three builds run on every core (CHECK_JOBS); the suites themselves run one at a time.
+CHECK_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 check:
+	$(MAKE) -j$(CHECK_JOBS) all
 	$(MAKE) test
-	$(MAKE) asan
+	$(MAKE) -j$(CHECK_JOBS) asan
 	$(MAKE) BUILD=build-asan CFLAGS="$(ASAN_CFLAGS)" LTO= unit e2e E2E_ARGS="$(E2E_ASAN_SKIP)"
+	$(MAKE) -j$(CHECK_JOBS) fuzz-build
 	$(MAKE) fuzz FUZZ_SECONDS=10
 	$(MAKE) image-test
 
