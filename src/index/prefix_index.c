@@ -113,8 +113,11 @@ struct kvr_prefix_index {
                                     them) and hashes no block again */
     size_t chain_text_alloc;
     int match_valid;             /* the chain is the last match's, no insert since (match_use) */
-    uint32_t *touch;             /* scratch: slots of the held run an insert touches */
+    uint32_t *touch;             /* slots of the chain's blocks as the last insert left them */
     size_t touch_alloc;
+    size_t touch_n;              /* touch[0..touch_n) named worker touch_w's holdings of chain
+                                    blocks 0..touch_n-1 then; only a hint, checked on use */
+    uint32_t touch_w;
     wrec *w;
     size_t nw;                   /* records allocated (used or free) */
     uint32_t *ext2int;           /* registry id -> internal index + 1; 0 = none */
@@ -702,6 +705,7 @@ static int rebuild(kvr_prefix_index *ix, unsigned si, size_t nb)
     sh->slots = na.slots;
     sh->st = na.st;
     sh->nb = nb;
+    ix->touch_n = 0; /* the slots it named may lie past this shard's new arrays */
     return 0;
 }
 
@@ -974,7 +978,10 @@ static int cset_has(const kvr_prefix_index *ix, uint64_t fp)
     return 0;
 }
 
-static inline void prefetch_buckets(const kvr_prefix_index *ix, uint64_t fp)
+/* always_inline: GCC 12 otherwise judged this call free of effects where touch_run calls it
+ * and dropped it (a function whose only statements are prefetches counts as pure). */
+static inline __attribute__((always_inline)) void prefetch_buckets(const kvr_prefix_index *ix,
+                                                                   uint64_t fp)
 {
     const shard *sh = &ix->sh[shard_of(fp)];
     size_t b1, b2;
@@ -1033,20 +1040,49 @@ int kvr_prefix_index_insert_keys(kvr_prefix_index *ix, size_t worker, const uint
  * following the list (one probe per break in it), and each consecutive stretch is moved as a
  * whole. Returns -1, changing nothing, when a block is not held after all (a hole: holdings
  * are not prefix-closed after a group overflowed) or memory ran out. */
+static int grow_touch(kvr_prefix_index *ix, size_t n)
+{
+    if (n <= ix->touch_alloc)
+        return 0;
+    size_t a = ix->touch_alloc ? ix->touch_alloc : 64;
+    while (a < n)
+        a *= 2;
+    uint32_t *p = realloc(ix->touch, a * sizeof(*p));
+    if (!p)
+        return -1;
+    ix->touch = p;
+    ix->touch_alloc = a;
+    return 0;
+}
+
 static int touch_run(kvr_prefix_index *ix, uint32_t wi, size_t h)
 {
-    if (h > ix->touch_alloc) {
-        size_t a = ix->touch_alloc ? ix->touch_alloc : 64;
-        while (a < h)
-            a *= 2;
-        uint32_t *p = realloc(ix->touch, a * sizeof(*p));
-        if (!p)
-            return -1;
-        ix->touch = p;
-        ix->touch_alloc = a;
-    }
+    if (grow_touch(ix, h) < 0)
+        return -1;
     uint32_t *id = ix->touch;
-    for (size_t k = 0; k < h; k++) {
+    size_t k = 0;
+    /* A request teaches its prompt when the answer starts and prompt + reply when it ends: the
+     * second finds the slots the first left here, unless the table moved them meanwhile. A
+     * worker holds a block in one slot at most, so a slot still holding (block, worker) is
+     * it; these loads do not depend on each other, unlike the walk below. */
+    if (ix->touch_w == wi) {
+        size_t lim = h < ix->touch_n ? h : ix->touch_n;
+        while (k < lim) {
+            uint64_t kw = at(ix, id[k])->kw;
+            if (!kw || KW_FP(kw) != fp_of(ix->chain[k]) || KW_W(kw) != wi)
+                break;
+            k++;
+        }
+    }
+    ix->touch_n = 0;
+    /* Each step reads the slot the previous one links to: a chain of dependent loads over a
+     * table much larger than the cache. Block k's slot lies in one of its key's two buckets,
+     * known from its key alone, so fetching them 8 blocks ahead overlaps those misses. */
+    for (size_t j = k; j < h && j < k + 8; j++)
+        prefetch_buckets(ix, fp_of(ix->chain[j]));
+    for (; k < h; k++) {
+        if (k + 8 < h)
+            prefetch_buckets(ix, fp_of(ix->chain[k + 8]));
         uint64_t fp = fp_of(ix->chain[k]);
         uint32_t nx = k ? at(ix, id[k - 1])->next : NIL;
         if (nx != NIL && KW_FP(at(ix, nx)->kw) == fp) {
@@ -1099,9 +1135,15 @@ static int insert_chain(kvr_prefix_index *ix, uint32_t wi, size_t m, size_t cap)
     /* The usual insert repeats a text the worker mostly holds (the next turn of its
      * conversation): only the blocks past its held run are looked up one by one. */
     size_t h = ix->w[wi].count ? held_run(ix, wi, NULL, 0, m) : 0;
+    if (grow_touch(ix, m) < 0)
+        return -1;
     int rc = insert_blocks(ix, wi, h, m, cap);
     if (rc == 0 && h && touch_run(ix, wi, h) < 0)
         rc = insert_blocks(ix, wi, 0, h, cap);
+    /* touch[] now names blocks 0..m-1's slots (insert_blocks records those it finds or
+     * places): the reply's insert that usually follows reuses them. */
+    ix->touch_n = rc == 0 ? m : 0;
+    ix->touch_w = wi;
     while (ix->w[wi].count > cap)
         evict_one(ix, wi);
     enforce_global_cap(ix);
@@ -1124,6 +1166,7 @@ static int insert_blocks(kvr_prefix_index *ix, uint32_t wi, size_t from, size_t 
         if (f.slot != NIL) {
             lru_unlink(ix, w, f.slot);
             lru_push_head(ix, w, f.slot);
+            ix->touch[k] = f.slot;
             continue;
         }
         if (f.last_g >= MAX_GROUPS)
@@ -1179,6 +1222,7 @@ static int insert_blocks(kvr_prefix_index *ix, uint32_t wi, size_t from, size_t 
         if (!f.holders)
             ix->keys++;
         lru_push_head(ix, w, s);
+        ix->touch[k] = s;
     }
 out:
     return rc;

@@ -216,6 +216,29 @@ static void run_model(size_t nw, size_t cap, int rounds, uint64_t seed)
             kvr_prefix_index_match(ix, buf, n, ws, nw, got);
             for (size_t i = 0; i < nw; i++)
                 assert_int_equal(got[i], model_match(&mw[i], keys, nk, n));
+            /* Its reply taught next, as completion teaching does: the same text grown, on the
+             * same worker (whose insert reuses the slots the first one left), now and then
+             * after another worker's insert that moved slots meanwhile. */
+            if (x & 2) {
+                if (x & 4) {
+                    char other[2000];
+                    uint64_t okeys[64];
+                    size_t on = make_text(other, x ^ 0x9e3779b97f4a7c15ull);
+                    size_t onk = kvr_prefix_index_block_keys(B, other, on, okeys, 64);
+                    size_t ow = (to + 1) % nw;
+                    assert_int_equal(kvr_prefix_index_insert(ix, ow, other, on), 0);
+                    model_insert(&mw[ow], okeys, onk);
+                }
+                size_t n2 = n + 1 + (x >> 50) % 150;
+                fill(buf + n, n2 - n, x);
+                nk = kvr_prefix_index_block_keys(B, buf, n2, keys, 64);
+                assert_int_equal(kvr_prefix_index_insert(ix, to, buf, n2), 0);
+                model_insert(&mw[to], keys, nk);
+                assert_int_equal(kvr_prefix_index_worker_blocks(ix, to), mw[to].n);
+                kvr_prefix_index_match(ix, buf, n2, ws, nw, got);
+                for (size_t i = 0; i < nw; i++)
+                    assert_int_equal(got[i], model_match(&mw[i], keys, nk, n2));
+            }
         }
     }
     kvr_prefix_index_stats st;
