@@ -64,7 +64,9 @@ void kvr_api_readyz(kvr_app *app, kvr_http_req *r)
      * From SIGTERM on it is not ready (--shutdown-delay-ms). */
     int warm = !app->cluster || kvr_cluster_warm(app->cluster);
     int stopping = app->draining || app->shutting_down;
-    int ready = n > 0 && app->routes->n > 0 && !stopping && warm;
+    /* Prefill workers alone answer no request (a disaggregated route's decode side is down). */
+    int ready = kvr_registry_serving_count(app->reg) > 0 && app->routes->n > 0 && !stopping &&
+                warm;
     json_t *j = json_pack("{s:s,s:I,s:I}", "status",
                           ready ? "ready" : stopping ? "shutting_down" : "not_ready",
                           "eligible_workers", (json_int_t)n, "workers",

@@ -246,6 +246,14 @@ size_t kvr_registry_eligible_count(const kvr_registry *r)
     return k;
 }
 
+size_t kvr_registry_serving_count(const kvr_registry *r)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < r->n; i++)
+        k += r->w[i]->role != KVR_ROLE_PREFILL && kvr_worker_eligible(r->w[i]) != 0;
+    return k;
+}
+
 int kvr_worker_set_models(kvr_worker *w, const char *const *ids, size_t n)
 {
     int same = w->models && n == w->nmodels;

@@ -57,6 +57,10 @@ size_t kvr_registry_find_engine(const kvr_registry *r, const char *id, kvr_worke
                                 size_t cap);
 /** Number of eligible workers (kvr_worker_eligible). */
 size_t kvr_registry_eligible_count(const kvr_registry *r);
+/** Number of eligible workers that answer requests themselves (role decode or both): a
+ *  disaggregated fleet whose decode workers are all down serves nothing with its prefill
+ *  workers alone (/readyz). */
+size_t kvr_registry_serving_count(const kvr_registry *r);
 
 /** Reference counting of a worker; the last unref frees it. */
 void kvr_worker_ref(kvr_worker *w);

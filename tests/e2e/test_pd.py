@@ -396,6 +396,10 @@ def test_no_decode_worker_eligible_makes_no_prefill(stub, kvroute):
     r = kv.post("/v1/chat/completions", chat_body(content="nowhere to decode"))
     assert r.status_code == 503, r.text
     assert p.proxied() == [] and d.proxied() == []
+    # not ready either: the prefill worker still eligible serves nothing alone
+    r = kv.get("/readyz")
+    assert r.status_code == 503 and r.json()["status"] == "not_ready", r.text
+    assert r.json()["eligible_workers"] == 1, r.text
 
 
 # ============================================================================ SGLang mode
