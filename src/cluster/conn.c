@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netdb.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -366,6 +367,10 @@ kvr_cluster *kvr_cluster_new(uv_loop_t *loop, const kvr_cluster_cfg *cfg, kvr_me
     snprintf(c->password, sizeof(c->password), "%s", c->url.password);
     if (cfg->password_file)
         read_first_line(cfg->password_file, c->password, sizeof(c->password), e, sizeof(e));
+    uint64_t nonce;
+    if (getrandom(&nonce, sizeof(nonce), GRND_NONBLOCK) != (ssize_t)sizeof(nonce))
+        nonce = kvr_now_ms() * 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid();
+    snprintf(c->inst, sizeof(c->inst), "%016llx", (unsigned long long)nonce);
     if (cfg->replica_id) {
         snprintf(c->replica, sizeof(c->replica), "%s", cfg->replica_id);
     } else {
@@ -402,6 +407,10 @@ kvr_cluster *kvr_cluster_new(uv_loop_t *loop, const kvr_cluster_cfg *cfg, kvr_me
     c->m_replicas = kvr_metrics_gauge(metrics, "kvroute_cluster_replicas",
                                       "Replicas with fresh load entries (this one included)", 0,
                                       NULL);
+    c->m_conflict = kvr_metrics_gauge(
+        metrics, "kvroute_cluster_replica_id_conflict",
+        "1 while another live process publishes under this --replica-id", 0, NULL);
+    kvr_metric_set(c->m_conflict, NULL, 0);
     const char *out[] = {"out"}, *in[] = {"in"};
     kvr_metric_inc(c->m_entries, out, 0);
     kvr_metric_inc(c->m_entries, in, 0);
@@ -484,8 +493,9 @@ json_t *kvr_cluster_json(const kvr_cluster *c)
                                               "log_position", c->seen[i].pos, "self", 0));
     char where[300]; /* never the URL itself: it may hold a password */
     snprintf(where, sizeof(where), "%s:%d/%d", c->url.host, c->url.port, c->url.db);
-    return json_pack("{s:s,s:s,s:s,s:b,s:b,s:{s:s,s:I,s:I,s:f,s:I},s:I,s:o}", "replica_id",
-                     c->replica, "redis", where, "key_prefix",
+    return json_pack("{s:s,s:b,s:s,s:s,s:b,s:b,s:{s:s,s:I,s:I,s:f,s:I},s:I,s:o}",
+                     "replica_id", c->replica, "replica_id_conflict", c->id_conflict, "redis",
+                     where, "key_prefix",
                      c->cfg.key_prefix ? c->cfg.key_prefix : "", "redis_up", kvr_cluster_up(c),
                      "warm", c->warm, "log", "last_id", c->last_id, "out",
                      (json_int_t)c->out_total, "in", (json_int_t)c->in_total, "lag_seconds",

@@ -70,8 +70,12 @@ struct kvr_cluster {
     size_t replicas;          /* fresh, self included */
     uint64_t load_ok_ms;      /* last answered poll */
     int load_pending;
+    char inst[20];            /* this process's nonce in its load entry (16 hex digits) */
+    int load_written;         /* a poll of ours was answered: the entry is ours since then */
+    int id_conflict;          /* another live process writes under this --replica-id */
+    uint64_t conflict_ms;     /* when its nonce was last found in our entry */
 
-    kvr_metric *m_up, *m_entries, *m_lag, *m_errors, *m_replicas;
+    kvr_metric *m_up, *m_entries, *m_lag, *m_errors, *m_replicas, *m_conflict;
 };
 
 /* conn.c */

@@ -13,21 +13,23 @@
 /* Most other replicas read back per poll. */
 #define MAX_REPLICAS 256
 
-/* ARGV: replicas zset, load key prefix, me, now (wall ms), ttl ms, my log position, then
- * worker name / in-flight pairs. The hash {prefix}load:{me} holds `@pos` and `w:NAME`
- * fields; it expires after the TTL (three intervals), and so does the replica's zset entry.
- * Returns {replica, age_ms, {field, value, ...}} triples of the other fresh replicas. */
+/* ARGV: replicas zset, load key prefix, me, now (wall ms), ttl ms, my log position, my
+ * process nonce, then worker name / in-flight pairs. The hash {prefix}load:{me} holds `@pos`,
+ * `@inst` and `w:NAME` fields; it expires after the TTL (three intervals), and so does the
+ * replica's zset entry. Returns the `@inst` the entry held before this write ("" if none),
+ * then {replica, age_ms, {field, value, ...}} triples of the other fresh replicas. */
 static const char LOAD_SCRIPT[] =
     "local z, lp, me = ARGV[1], ARGV[2], ARGV[3]\n"
     "local now, ttl = tonumber(ARGV[4]), tonumber(ARGV[5])\n"
     "local lk = lp .. me\n"
+    "local prev = redis.call('HGET', lk, '@inst') or ''\n"
     "redis.call('DEL', lk)\n"
-    "redis.call('HSET', lk, '@pos', ARGV[6])\n"
-    "for i = 7, #ARGV - 1, 2 do redis.call('HSET', lk, 'w:' .. ARGV[i], ARGV[i + 1]) end\n"
+    "redis.call('HSET', lk, '@pos', ARGV[6], '@inst', ARGV[7])\n"
+    "for i = 8, #ARGV - 1, 2 do redis.call('HSET', lk, 'w:' .. ARGV[i], ARGV[i + 1]) end\n"
     "redis.call('PEXPIRE', lk, ttl)\n"
     "redis.call('ZADD', z, now, me)\n"
     "redis.call('ZREMRANGEBYSCORE', z, '-inf', '(' .. (now - ttl))\n"
-    "local out = {}\n"
+    "local out = {prev}\n"
     "local rs = redis.call('ZRANGE', z, 0, -1, 'WITHSCORES')\n"
     "for i = 1, #rs, 2 do\n"
     "  if rs[i] ~= me then\n"
@@ -65,6 +67,31 @@ static void set_replicas(kvr_cluster *c, size_t n)
     kvr_metric_set(c->m_replicas, NULL, (double)n);
 }
 
+/* Once this process's entry has been written, only another live process with the same
+ * --replica-id writes a different nonce into it: the two would skip each other's routing-log
+ * entries as their own. A predecessor's nonce found by the first write is a restart. */
+static void note_previous_writer(kvr_cluster *c, const redisReply *prev)
+{
+    size_t il = strlen(c->inst);
+    int other = prev->len && (prev->len != il || memcmp(prev->str, c->inst, il));
+    uint64_t now = kvr_now_ms();
+    if (c->load_written && other) {
+        if (!c->id_conflict)
+            KVR_ERROR("msg=\"another live kvroute publishes under this --replica-id: give "
+                      "each replica its own, or they skip each other's routing-log entries\" "
+                      "replica_id=%s",
+                      c->replica);
+        c->id_conflict = 1;
+        c->conflict_ms = now;
+    } else if (c->id_conflict && now - c->conflict_ms > 10 * c->cfg.load_interval_ms) {
+        /* the other writes at its own pace: only a long quiet ends the conflict */
+        c->id_conflict = 0;
+        KVR_INFO("msg=\"--replica-id conflict over\" replica_id=%s", c->replica);
+    }
+    kvr_metric_set(c->m_conflict, NULL, c->id_conflict);
+    c->load_written = 1;
+}
+
 static void on_load(redisAsyncContext *ac, void *r, void *priv)
 {
     kvr_cluster *c = priv;
@@ -79,7 +106,12 @@ static void on_load(redisAsyncContext *ac, void *r, void *priv)
         return;
     }
     c->load_ok_ms = kvr_now_ms();
-    size_t nrep = rep->elements / 3;
+    if (!rep->elements || rep->element[0]->type != REDIS_REPLY_STRING) {
+        kvr_cluster_error(c, "load");
+        return;
+    }
+    note_previous_writer(c, rep->element[0]);
+    size_t nrep = (rep->elements - 1) / 3;
     if (nrep > MAX_REPLICAS)
         nrep = MAX_REPLICAS;
     kvr_replica_seen *seen = nrep ? calloc(nrep, sizeof(*seen)) : NULL;
@@ -92,8 +124,8 @@ static void on_load(redisAsyncContext *ac, void *r, void *priv)
     sum_tab t = {.v = v};
     size_t ns = 0;
     for (size_t i = 0; i < nrep; i++) {
-        const redisReply *id = rep->element[3 * i], *age = rep->element[3 * i + 1],
-                         *h = rep->element[3 * i + 2];
+        const redisReply *id = rep->element[1 + 3 * i], *age = rep->element[2 + 3 * i],
+                         *h = rep->element[3 + 3 * i];
         if (id->type != REDIS_REPLY_STRING || age->type != REDIS_REPLY_STRING ||
             h->type != REDIS_REPLY_ARRAY || id->len > KVR_ENTRY_MAX_NAME)
             continue;
@@ -141,7 +173,7 @@ void kvr_load_tick(uv_timer_t *t)
     static const char *names[MAX_LOAD_WORKERS];
     static int64_t counts[MAX_LOAD_WORKERS];
     size_t n = c->hooks.local_load(c->hooks.ud, names, counts, MAX_LOAD_WORKERS);
-    size_t argc = 9 + 2 * n;
+    size_t argc = 10 + 2 * n;
     const char **argv = malloc(argc * sizeof(*argv));
     size_t *lens = malloc(argc * sizeof(*lens));
     char *nums = malloc((n + 1) * 24);
@@ -172,13 +204,15 @@ void kvr_load_tick(uv_timer_t *t)
     lens[7] = (size_t)l1;
     argv[8] = c->last_id;
     lens[8] = strlen(c->last_id);
+    argv[9] = c->inst;
+    lens[9] = strlen(c->inst);
     for (size_t i = 0; i < n; i++) {
         char *num = nums + i * 24;
         int l = snprintf(num, 24, "%lld", (long long)counts[i]);
-        argv[9 + 2 * i] = names[i];
-        lens[9 + 2 * i] = strlen(names[i]);
-        argv[10 + 2 * i] = num;
-        lens[10 + 2 * i] = (size_t)l;
+        argv[10 + 2 * i] = names[i];
+        lens[10 + 2 * i] = strlen(names[i]);
+        argv[11 + 2 * i] = num;
+        lens[11 + 2 * i] = (size_t)l;
     }
     if (kvr_conn_send(&c->cmd, on_load, c, (int)argc, argv, lens) == 0)
         c->load_pending = 1;

@@ -659,3 +659,40 @@ def test_a_trimmed_gap_is_counted(procs, tmp_path, sim_factory, kvroute):
     assert float(r2.headers["x-kvroute-match"]) >= 0.9
     time.sleep(0.5)  # a few load polls: the same gap is counted once
     assert metric(b, "kvroute_redis_errors_total", op="log_gap") == 1
+
+
+def cluster_status(kv):
+    admin = "http://127.0.0.1:%s/cluster" % kv.argv[kv.argv.index("--admin-port") + 1]
+    return httpx.get(admin, timeout=2.0, verify=SSL_CTX).json()
+
+
+def test_two_live_replicas_with_one_replica_id_are_reported(procs, tmp_path, sim_factory,
+                                                             kvroute):
+    """Two processes given the same --replica-id would skip each other's routing-log entries
+    as their own: both say so (metric, /cluster, an error line); a third with its own id does
+    not, and neither does a replica restarted under its old id."""
+    redis = Redis(procs, tmp_path)
+    sims = four_sims(sim_factory)
+    fast = ["--redis-load-interval-ms", "50"]
+    slow = ["--redis-load-interval-ms", "1000"]  # its entry lives 3 s
+    a1 = replica(kvroute, sims, redis, "a", extra=fast)
+    b = replica(kvroute, sims, redis, "b", extra=slow)
+    wait_until(lambda: any(r["id"] == "b" for r in cluster_status(a1)["replicas"]), 5.0,
+               what="A sees B")
+    # restarted under its id while its old entry lives: the first write finds the old
+    # process's nonce, which is no conflict
+    b.stop()
+    b = replica(kvroute, sims, redis, "b", extra=slow)
+    a2 = replica(kvroute, sims, redis, "a", extra=fast)
+    for kv in (a1, a2):
+        wait_until(lambda: metric(kv, "kvroute_cluster_replica_id_conflict") == 1, 5.0,
+                   what="the --replica-id conflict reported")
+        assert cluster_status(kv)["replica_id_conflict"] is True
+        assert "another live kvroute publishes under this --replica-id" in kv.proc.stderr_text()
+    time.sleep(2.2)  # B polled at least twice since its restart
+    assert metric(b, "kvroute_cluster_replica_id_conflict") == 0
+    assert cluster_status(b)["replica_id_conflict"] is False
+    # the duplicate gone, the survivor's report clears after ten quiet intervals
+    a2.stop()
+    wait_until(lambda: metric(a1, "kvroute_cluster_replica_id_conflict") == 0, 5.0,
+               what="the conflict over")
