@@ -73,7 +73,48 @@ static void forget(kvr_workers_ctx *ctx, kvr_worker *w, const char *result, cons
     w->lmcache_occupancy = -1;
     w->lmcache_fresh_until_ms = 0;
     kvr_metric_remove_matching(ctx->lmcache_occupancy, "worker", w->url);
-    count(ctx, w, result);
+}
+
+/* What one answer says, for every rank it speaks for. */
+typedef struct lmc_result {
+    const char *result; /* kvroute_lmcache_polls_total's result */
+    char why[64];       /* why the worker turned neutral ("" when it did not) */
+    double occ;
+    int avail;
+} lmc_result;
+
+static void apply(kvr_workers_ctx *ctx, kvr_worker *w, const lmc_result *r, uint64_t sent_ms)
+{
+    if (r->why[0]) {
+        forget(ctx, w, r->result, r->why);
+        return;
+    }
+    uint64_t window = KVR_LMCACHE_FRESH_INTERVALS * ctx->lmcache_interval_ms;
+    if (w->lmcache_occupancy < 0)
+        KVR_INFO("msg=\"lmcache endpoint answering\" worker=%s occupancy=%.3f "
+                 "cache_available=%d", w->url, r->occ, r->avail);
+    w->lmcache_occupancy = r->occ;
+    w->lmcache_available = r->avail;
+    w->lmcache_ok_ms = sent_ms;
+    w->lmcache_fresh_until_ms = sent_ms + window;
+    const char *lv[] = {w->url};
+    kvr_metric_set(ctx->lmcache_occupancy, lv, r->occ);
+}
+
+/* The ranks of a data-parallel engine share its LMCache endpoint: one poll, through the
+ * engine's rank 0, speaks for all of them. */
+static void apply_engine(kvr_workers_ctx *ctx, kvr_worker *w, const lmc_result *r,
+                         uint64_t sent_ms)
+{
+    apply(ctx, w, r, sent_ms);
+    if (w->dp_rank < 0)
+        return;
+    kvr_worker *ranks[64];
+    size_t n = kvr_registry_ranks(ctx->reg, w, ranks, 64);
+    for (size_t i = 0; i < n && i < 64; i++)
+        if (ranks[i]->lmcache_endpoint &&
+            !strcmp(ranks[i]->lmcache_endpoint, w->lmcache_endpoint))
+            apply(ctx, ranks[i], r, sent_ms);
 }
 
 static void on_answer(void *ud, int status, const char *body, size_t len, int truncated,
@@ -86,32 +127,26 @@ static void on_answer(void *ud, int status, const char *body, size_t len, int tr
         w->lmcache_polling = 0;
     /* An endpoint changed (or removed) meanwhile: this answer is about another one. */
     int current = !g_stopped && !w->removed && p->gen == w->lmcache_gen && w->lmcache_endpoint;
-    double occ;
-    int avail;
+    lmc_result r = {.result = "ok"};
     if (!current) {
         /* dropped */
-    } else if (status != 200) {
-        char why[64];
-        if (status)
-            snprintf(why, sizeof(why), "status_%d", status);
-        else
-            snprintf(why, sizeof(why), "%s", kvr_upstream_err_name(err));
-        forget(ctx, w, "error", why);
-    } else if (truncated || kvr_lmcache_parse(body, len, &occ, &avail) < 0) {
-        forget(ctx, w, "malformed", truncated ? "too_large" : "not_the_expected_json");
     } else {
-        uint64_t now = kvr_now_ms();
-        uint64_t window = KVR_LMCACHE_FRESH_INTERVALS * ctx->lmcache_interval_ms;
-        if (w->lmcache_occupancy < 0)
-            KVR_INFO("msg=\"lmcache endpoint answering\" worker=%s occupancy=%.3f "
-                     "cache_available=%d", w->url, occ, avail);
-        w->lmcache_occupancy = occ;
-        w->lmcache_available = avail;
-        w->lmcache_ok_ms = p->sent_ms;
-        w->lmcache_fresh_until_ms = p->sent_ms + window;
-        const char *lv[] = {w->url};
-        kvr_metric_set(ctx->lmcache_occupancy, lv, occ);
-        count(ctx, w, now >= w->lmcache_fresh_until_ms ? "stale" : "ok");
+        if (status != 200) {
+            r.result = "error";
+            if (status)
+                snprintf(r.why, sizeof(r.why), "status_%d", status);
+            else
+                snprintf(r.why, sizeof(r.why), "%s", kvr_upstream_err_name(err));
+        } else if (truncated || kvr_lmcache_parse(body, len, &r.occ, &r.avail) < 0) {
+            r.result = "malformed";
+            snprintf(r.why, sizeof(r.why), "%s",
+                     truncated ? "too_large" : "not_the_expected_json");
+        } else if (kvr_now_ms() >=
+                   p->sent_ms + KVR_LMCACHE_FRESH_INTERVALS * ctx->lmcache_interval_ms) {
+            r.result = "stale";
+        }
+        apply_engine(ctx, w, &r, p->sent_ms);
+        count(ctx, w, r.result);
     }
     kvr_worker_unref(w);
     free(p);
@@ -129,7 +164,9 @@ static void poll_worker(kvr_workers_ctx *ctx, kvr_worker *w)
     if (kvr_fetch(ctx->loop, ctx->up, w->lmcache_endpoint, bearer_for(w), BODY_CAP, deadline,
                   on_answer, p) < 0) {
         w->lmcache_polling = 0;
-        forget(ctx, w, "error", "cannot_start");
+        lmc_result r = {.result = "error", .why = "cannot_start"};
+        apply_engine(ctx, w, &r, p->sent_ms);
+        count(ctx, w, r.result);
         kvr_worker_unref(w);
         free(p);
     }
@@ -140,7 +177,10 @@ static void round_cb(uv_timer_t *t)
     kvr_workers_ctx *ctx = t->data;
     for (size_t i = 0; i < kvr_registry_count(ctx->reg); i++) {
         kvr_worker *w = kvr_registry_at(ctx->reg, i);
-        if (w->lmcache_endpoint && !w->lmcache_polling)
+        /* a data-parallel engine's other ranks hear through its rank 0 (apply_engine) */
+        int via_rank0 = w->engine != w && w->engine->lmcache_endpoint && w->lmcache_endpoint &&
+                        !strcmp(w->engine->lmcache_endpoint, w->lmcache_endpoint);
+        if (w->lmcache_endpoint && !w->lmcache_polling && !via_rank0)
             poll_worker(ctx, w);
     }
 }

@@ -353,3 +353,29 @@ def test_lmcache_endpoint_under_egress_policy(procs, stub, kvroute, tmp_path):
     # nothing reached it but the GET /stub/log just made
     assert log["lmcache_polls"] == 0 and log["connections_accepted"] == conns + 1, log
     assert "egress denied" in kv.proc.stderr_text()
+
+
+def test_data_parallel_engine_polled_once_for_all_ranks(stub, kvroute, tmp_path):
+    """A data-parallel engine's ranks share its LMCache endpoint: one poll per interval, through
+    rank 0, sets every rank's occupancy (not one poll per rank)."""
+    a = stub(name="a")
+    a.config(lmcache=answer(0.3))
+    text = config_text([]).rstrip("\n") + "\n" + (
+        '  - {url: "%s", data_parallel_size: 4, lmcache: {endpoint: "%s"}}\n'
+        % (a.url, a.url + STATUS))
+    kv, adm, _ = start(kvroute, tmp_path, text)
+    wait_polls(kv, a.url + "#0", "ok", n=5)
+    m = kv.metrics()
+    for r in range(4):
+        assert m.get("kvroute_lmcache_occupancy", worker="%s#%d" % (a.url, r)) == 0.3
+    for r in range(1, 4):
+        assert not m.find("kvroute_lmcache_polls_total", worker="%s#%d" % (a.url, r))
+    # the stub saw about as many polls as rank 0 counted, not four times as many
+    assert a.log()["lmcache_polls"] <= m.get("kvroute_lmcache_polls_total",
+                                             worker=a.url + "#0", result="ok") + 2
+    # a failed answer turns every rank neutral
+    a.config(lmcache_status=500)
+    wait_polls(kv, a.url + "#0", "error")
+    wait_until(lambda: not any(kv.metrics().find("kvroute_lmcache_occupancy",
+                                                 worker="%s#%d" % (a.url, r))
+                               for r in range(4)), 5.0, what="every rank neutral")
