@@ -710,7 +710,7 @@ static int on_body(void *ud, const char *data, size_t len)
         prefill_close(p, 1);
         const char *lv[] = {p->model, kvr_http_req_endpoint(p->req)};
         kvr_metric_observe(p->app->m.ttft, lv, (double)(p->first_byte_ns - p->start_ns) / 1e9);
-        kvr_status_stats_ttft(p->app->status, kvr_now_ms(),
+        kvr_status_stats_ttft(p->app->status, p->first_byte_ns / 1000000u,
                               (double)(p->first_byte_ns - p->start_ns) / 1e6);
     }
     /* Check the watermark before taking bytes: a refusal means libcurl redelivers them. */

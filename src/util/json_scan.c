@@ -46,6 +46,9 @@ typedef struct scan {
 
 static inline const unsigned char *ws(const unsigned char *p, const unsigned char *end)
 {
+    /* Compact JSON has none: one test for the usual case. */
+    if (p < end && *p > ' ')
+        return p;
     while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))
         p++;
     return p;
