@@ -38,6 +38,8 @@ typedef struct scan {
     size_t sub_nontoken;  /* ... of which not token ids */
     kvr_json_kind role;   /* its last "role" member's kind, when it is an object */
     int in_role;          /* the member being read in that object is "role" */
+    uint64_t first[4];    /* bit c: some name starts with byte c (a key starting otherwise is
+                             none of them, when unescaped) */
     kvr_json_span *rec;   /* the member whose elements are recorded, or NULL */
     kvr_json_elem *elems; /* where (kvr_json_scan_elems()) */
     size_t elems_cap;
@@ -536,6 +538,14 @@ static const unsigned char *number(const unsigned char *p, const unsigned char *
         if (eneg)
             ex = -ex;
     }
+    if (!real && ie - ib <= 18) { /* 18 digits never overflow: no check per digit */
+        long long v = 0;
+        for (const unsigned char *d = ib; d < ie; d++)
+            v = v * 10 + (*d - '0');
+        *kind = KVR_JSON_INTEGER;
+        *ival = neg ? -v : v;
+        return p;
+    }
     if (!real) {
         long long v = 0; /* accumulated as a negative number so LLONG_MIN fits */
         for (const unsigned char *d = ib; d < ie; d++) {
@@ -594,6 +604,9 @@ static void on_key(scan *s, size_t depth, const unsigned char *ks, const unsigne
 {
     if (depth == 1) {
         s->cur = NULL;
+        unsigned char c0 = ke > ks ? *ks : 0;
+        if (!esc && !((s->first[c0 >> 6] >> (c0 & 63)) & 1))
+            return;
         for (size_t i = 0; i < s->n; i++)
             if ((esc || s->names[i][0] == (ke > ks ? (char)*ks : '\0')) &&
                 key_is(ks, ke, esc, s->names[i])) {
@@ -705,8 +718,12 @@ int kvr_json_scan_elems(const char *buf, size_t len, const char *const *names, s
     s.sub_count = s.sub_nontoken = 0;
     s.role = KVR_JSON_ABSENT;
     s.in_role = 0;
-    for (size_t i = 0; i < n; i++)
+    memset(s.first, 0, sizeof(s.first));
+    for (size_t i = 0; i < n; i++) {
         memset(&out[i], 0, sizeof(out[i]));
+        unsigned char c0 = (unsigned char)names[i][0];
+        s.first[c0 >> 6] |= 1ull << (c0 & 63);
+    }
     const unsigned char *p = s.start, *end = s.start + len;
     p = ws(p, end);
     if (p >= end || (*p != '{' && *p != '['))

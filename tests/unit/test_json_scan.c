@@ -3,6 +3,7 @@
  * the int64 and double overflow boundaries, escapes, UTF-8, depth) and a seeded mutation
  * fuzz; located members, their spans and array summaries; string decoding; member lookup;
  * session keys and validation against the tree-based functions. */
+#include <limits.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -51,6 +52,8 @@ static void test_edge_cases(void **state)
         "[1E-2]", "[1.5e3]", "[-1.25]", "[0.0]", "[1e400]", "[-1e400]", "[1e-400]",
         "[9223372036854775807]", "[9223372036854775808]", "[-9223372036854775808]",
         "[-9223372036854775809]", "[123456789012345678901234567890]", "[00]", "[-0.0e-0]",
+        "[999999999999999999]", "[-999999999999999999]", "[1000000000000000000]",
+        "[-1000000000000000000]", "{\"max_tokens\":18446744073709551615}",
         "[\"\\u0041\\u00e9\\u20ac\\ud83d\\ude00\"]", "[\"\\ud83d\"]", "[\"\\ude00\"]",
         "[\"\\ud83d\\u0041\"]", "[\"\\u0000\"]", "[\"\\u00\"]", "[\"\\uZZZZ\"]", "[\"\\x\"]",
         "[\"\\\"\\\\\\/\\b\\f\\n\\r\\t\"]", "[\"a\tb\"]", "[\"a\nb\"]", "[\"abc]", "[\"abc\\",
@@ -98,6 +101,16 @@ static void test_edge_cases(void **state)
     same("[1]\0", 4);
     same("{\"a\":1}\0", 8);
     same("[1\0]", 4);
+    /* integers up to 18 digits take the path without a check per digit; 19 the checked one */
+    static const char *const names[] = {"a", "b", "c", "d", "e"};
+    kvr_json_span v[5];
+    const char *ints = "{\"a\":999999999999999999,\"b\":-999999999999999999,"
+                       "\"c\":1000000000000000000,\"d\":-9223372036854775808,\"e\":-0}";
+    assert_int_equal(kvr_json_scan(ints, strlen(ints), names, 5, v), KVR_JSON_OBJECT);
+    assert_true(v[0].ival == 999999999999999999LL && v[1].ival == -999999999999999999LL);
+    assert_true(v[2].ival == 1000000000000000000LL && v[3].ival == LLONG_MIN && v[4].ival == 0);
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(v[i].kind, KVR_JSON_INTEGER);
 }
 
 static void test_depth_limit(void **state)
