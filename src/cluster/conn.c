@@ -99,9 +99,10 @@ int kvr_cluster_check(const kvr_cluster_cfg *cfg, char *err, size_t cap)
 static void set_up(kvr_cluster *c, int up)
 {
     kvr_metric_set(c->m_up, NULL, up);
+    /* Down is worth an operator's eye (the replicas stop sharing); up again is news. */
     if (up != c->was_up)
-        KVR_INFO("msg=\"redis %s\" host=%s port=%d replica=%s", up ? "up" : "down", c->url.host,
-                 c->url.port, c->replica);
+        kvr_log(up ? KVR_LOG_INFO : KVR_LOG_WARN, "msg=\"redis %s\" host=%s port=%d replica=%s",
+                up ? "up" : "down", c->url.host, c->url.port, c->replica);
     c->was_up = up;
 }
 

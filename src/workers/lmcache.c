@@ -83,14 +83,18 @@ typedef struct lmc_result {
     int avail;
 } lmc_result;
 
-static void apply(kvr_workers_ctx *ctx, kvr_worker *w, const lmc_result *r, uint64_t sent_ms)
+/* `quiet`: another rank of the engine whose rank 0 logs the change. */
+static void apply(kvr_workers_ctx *ctx, kvr_worker *w, const lmc_result *r, uint64_t sent_ms,
+                  int quiet)
 {
     if (r->why[0]) {
+        if (quiet)
+            w->lmcache_occupancy = -1;
         forget(ctx, w, r->result, r->why);
         return;
     }
     uint64_t window = KVR_LMCACHE_FRESH_INTERVALS * ctx->lmcache_interval_ms;
-    if (w->lmcache_occupancy < 0)
+    if (w->lmcache_occupancy < 0 && !quiet)
         KVR_INFO("msg=\"lmcache endpoint answering\" worker=%s occupancy=%.3f "
                  "cache_available=%d", w->url, r->occ, r->avail);
     w->lmcache_occupancy = r->occ;
@@ -106,7 +110,7 @@ static void apply(kvr_workers_ctx *ctx, kvr_worker *w, const lmc_result *r, uint
 static void apply_engine(kvr_workers_ctx *ctx, kvr_worker *w, const lmc_result *r,
                          uint64_t sent_ms)
 {
-    apply(ctx, w, r, sent_ms);
+    apply(ctx, w, r, sent_ms, 0);
     if (w->dp_rank < 0)
         return;
     kvr_worker *ranks[64];
@@ -114,7 +118,7 @@ static void apply_engine(kvr_workers_ctx *ctx, kvr_worker *w, const lmc_result *
     for (size_t i = 0; i < n && i < 64; i++)
         if (ranks[i]->lmcache_endpoint &&
             !strcmp(ranks[i]->lmcache_endpoint, w->lmcache_endpoint))
-            apply(ctx, ranks[i], r, sent_ms);
+            apply(ctx, ranks[i], r, sent_ms, 1);
 }
 
 static void on_answer(void *ud, int status, const char *body, size_t len, int truncated,
