@@ -10,7 +10,13 @@
  * texts (messages of 16 bytes and more, in 4 KB: the small budget evicts all the time), so
  * the second call finds each message's text the first one kept, cut and uncut. Messages are
  * read from where the scan placed them (kvr_body_messages()), all, the first only (the rest
- * walked to, as past KVR_BODY_MESSAGES_MAX), or none. */
+ * walked to, as past KVR_BODY_MESSAGES_MAX), or none.
+ *
+ * Every input is scanned twice: plainly, and taking the messages whose texts the cache keeps
+ * as accepted before (kvr_text_cache_known(), as the router does). Both must accept the same
+ * inputs and give the same fields and message places (kind, offsets, counts, roles); the
+ * texts built with the cache come from the second scan, whose elements carry the hashes the
+ * text lookup then uses. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -60,13 +66,39 @@ static void check(const kvr_body_fields *f, const json_t *tree, kvr_route_kind k
     kvr_buf_free(&b);
 }
 
+/* The two scans agree on everything but what find() left for the text lookup. */
+static void same_scan(int ra, const kvr_body_fields *a, int rb, const kvr_body_fields *b)
+{
+    if (ra != rb)
+        __builtin_trap();
+    if (ra < 0)
+        return;
+    if (a->n != b->n || a->object != b->object ||
+        memcmp(a->v, b->v, a->n * sizeof(a->v[0])) != 0)
+        __builtin_trap();
+    size_t na, nb;
+    const kvr_json_elem *ea = kvr_body_messages(a, &na), *eb = kvr_body_messages(b, &nb);
+    if (na != nb)
+        __builtin_trap();
+    for (size_t i = 0; i < na; i++)
+        if (ea[i].off != eb[i].off || ea[i].len != eb[i].len || ea[i].kind != eb[i].kind ||
+            ea[i].role != eb[i].role)
+            __builtin_trap();
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    static kvr_body_fields f;
+    static kvr_body_fields plain, f;
     if (!g_cache && !(g_cache = kvr_text_cache_new(4096, 16)))
         abort();
     const char *buf = (const char *)data;
-    if (kvr_body_fields_scan(&f, buf, size, NULL) < 0)
+    kvr_json_known kn;
+    if (!kvr_text_cache_known(g_cache, &kn))
+        abort();
+    int rp = kvr_body_fields_scan(&plain, buf, size, NULL);
+    int rk = kvr_body_fields_scan_known(&f, buf, size, NULL, &kn);
+    same_scan(rp, &plain, rk, &f);
+    if (rk < 0)
         return 0;
     json_t *tree = kvr_json_read(buf, size, NULL);
     if (!tree)

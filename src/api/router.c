@@ -12,6 +12,7 @@
 #include "app/reply.h"
 #include "proxy/proxy.h"
 #include "routing/fields.h"
+#include "routing/text_scan.h"
 #include "util/json_read.h"
 
 typedef enum { R_MODELS, R_HEALTHZ, R_READYZ, R_METRICS } route;
@@ -135,6 +136,20 @@ static void proxied_tree(kvr_app *app, kvr_http_req *r, kvr_endpoint ep, const c
     json_decref(j);
 }
 
+/* The kept message texts, offered to a chat body's scan (kvr_text_cache_known) when some
+ * route reads routing texts: then most messages of a conversation's next turn are taken as
+ * accepted before instead of validated again. Without such a route nothing is kept, and
+ * offering would only hash every message for nothing. */
+static const kvr_json_known *known_messages(kvr_app *app, kvr_endpoint ep, kvr_json_known *kn)
+{
+    if (ep != KVR_EP_CHAT)
+        return NULL;
+    int reads = 0;
+    for (size_t i = 0; i < app->routes->n && !reads; i++)
+        reads = app->routes->routes[i]->ops->uses_keys;
+    return reads && kvr_text_cache_known(app->text_cache, kn) ? kn : NULL;
+}
+
 /* A proxied endpoint: scan and validate the body once (no tree: routing/fields.h), find the
  * route its `model` names, and hand the request to the proxy, which builds the routing text
  * when the route's policy reads it: from the scan for chat and completions, else from a
@@ -149,7 +164,9 @@ static void proxied(kvr_app *app, kvr_http_req *r, kvr_endpoint ep)
     }
     kvr_body_fields f;
     char msg[300];
-    if (kvr_body_fields_scan(&f, body, blen, &app->session_sources) < 0) {
+    kvr_json_known kn;
+    if (kvr_body_fields_scan_known(&f, body, blen, &app->session_sources,
+                                   known_messages(app, ep, &kn)) < 0) {
         /* Not JSON: the reader says why and where, in the wording clients have seen. */
         json_error_t jerr;
         json_t *j = kvr_json_read(body, blen, &jerr);

@@ -87,6 +87,12 @@ static void plan(kvr_body_fields *f, const kvr_session_sources *src)
 int kvr_body_fields_scan(kvr_body_fields *f, const char *buf, size_t len,
                          const kvr_session_sources *src)
 {
+    return kvr_body_fields_scan_known(f, buf, len, src, NULL);
+}
+
+int kvr_body_fields_scan_known(kvr_body_fields *f, const char *buf, size_t len,
+                               const kvr_session_sources *src, const kvr_json_known *known)
+{
     kvr_session_sources def;
     if (!src) {
         kvr_session_sources_default(&def);
@@ -103,8 +109,8 @@ int kvr_body_fields_scan(kvr_body_fields *f, const char *buf, size_t len,
         f->seg[k][g_plan.len[k]] = '\0';
         f->names[f->n++] = f->seg[k];
     }
-    int top = kvr_json_scan_elems(buf, len, f->names, f->n, f->v, KVR_FIELD_MESSAGES, f->msgs,
-                                  KVR_BODY_MESSAGES_MAX);
+    int top = kvr_json_scan_known(buf, len, f->names, f->n, f->v, KVR_FIELD_MESSAGES, f->msgs,
+                                  KVR_BODY_MESSAGES_MAX, known);
     f->object = top == KVR_JSON_OBJECT;
     return top < 0 ? -1 : 0;
 }

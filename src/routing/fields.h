@@ -69,6 +69,12 @@ typedef struct kvr_body_fields {
  *  error's wording). Never allocates. */
 int kvr_body_fields_scan(kvr_body_fields *f, const char *buf, size_t len,
                          const kvr_session_sources *src);
+/** kvr_body_fields_scan() taking the messages `known` (may be NULL; util/json_scan.h's
+ *  kvr_json_known: routing/text_scan.h's kvr_text_cache_known() offers the messages whose
+ *  texts are kept) as they were taken before instead of validating them again. Same returns
+ *  and fields. */
+int kvr_body_fields_scan_known(kvr_body_fields *f, const char *buf, size_t len,
+                               const kvr_session_sources *src, const kvr_json_known *known);
 
 /** The recorded elements of `messages` (kvr_body_fields.msgs) into `*n`: how many of them
  *  are valid (0 when `messages` is no array). */

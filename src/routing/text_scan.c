@@ -22,6 +22,7 @@ typedef struct memo_ent {
     struct memo_ent *hnext; /* next in the bucket */
     struct memo_ent *prev, *next;
     size_t len;
+    kvr_json_kind role;    /* its last "role" member's kind, for the scan (kvr_json_known) */
     char text[];
 } memo_ent;
 
@@ -124,17 +125,47 @@ static void lru_push(kvr_text_cache *c, memo_ent *e)
     c->head = e;
 }
 
-static memo_ent *memo_find(kvr_text_cache *c, XXH128_hash_t key)
+static memo_ent *memo_peek(const kvr_text_cache *c, XXH128_hash_t key)
 {
     for (memo_ent *e = c->bucket[key.low64 & c->mask]; e; e = e->hnext)
-        if (XXH128_isEqual(e->key, key)) {
-            if (c->head != e) {
-                lru_unlink(c, e);
-                lru_push(c, e);
-            }
+        if (XXH128_isEqual(e->key, key))
             return e;
-        }
     return NULL;
+}
+
+static memo_ent *memo_find(kvr_text_cache *c, XXH128_hash_t key)
+{
+    memo_ent *e = memo_peek(c, key);
+    if (e && c->head != e) {
+        lru_unlink(c, e);
+        lru_push(c, e);
+    }
+    return e;
+}
+
+/* kvr_json_known's find: a message is kept only once its body was accepted, so bytes found
+ * here are a message the scan accepted. The hash goes back with the element, for the text's
+ * lookup (put_message_memo). */
+static int memo_known(void *ctx, const char *p, size_t n, kvr_json_elem *el)
+{
+    const kvr_text_cache *c = ctx;
+    XXH128_hash_t key = XXH3_128bits_withSeed(p, n, c->seed);
+    el->key[0] = key.low64;
+    el->key[1] = key.high64;
+    el->keyed = 1;
+    const memo_ent *e = memo_peek(c, key);
+    if (!e)
+        return 0;
+    el->role = e->role;
+    return 1;
+}
+
+int kvr_text_cache_known(kvr_text_cache *c, kvr_json_known *out)
+{
+    if (!c || !c->bucket)
+        return 0;
+    *out = (kvr_json_known){.find = memo_known, .ctx = c, .min = c->min_raw};
+    return 1;
 }
 
 static void memo_evict_tail(kvr_text_cache *c)
@@ -152,7 +183,8 @@ static void memo_evict_tail(kvr_text_cache *c)
 /* Keeps `text` under `key` (absent: memo_find() just missed it). A text above a sixteenth of
  * the budget is not kept: one huge message would flush every other conversation's. Out of
  * memory keeps nothing (the text was built anyway). */
-static void memo_add(kvr_text_cache *c, XXH128_hash_t key, const char *text, size_t len)
+static void memo_add(kvr_text_cache *c, XXH128_hash_t key, const char *text, size_t len,
+                     kvr_json_kind role)
 {
     if (memo_cost(len) > c->max_bytes / 16)
         return;
@@ -161,6 +193,7 @@ static void memo_add(kvr_text_cache *c, XXH128_hash_t key, const char *text, siz
         return;
     e->key = key;
     e->len = len;
+    e->role = role;
     memcpy(e->text, text, len);
     while (c->tail && c->bytes + memo_cost(len) > c->max_bytes)
         memo_evict_tail(c);
@@ -371,10 +404,12 @@ static void put_message(ctx *c, const kvr_json_span *msg, kvr_json_iter *in)
     kvr_text_rec_end(&c->w);
 }
 
-/* A message whose span `msg` is known (placed by the scan, or kvr_json_iter_next()): its kept
- * text when the cache has it, else built and kept (when long enough, and not cut: a cut text
- * is no message's). Without a cache for messages, built. */
-static void put_message_memo(ctx *c, const kvr_json_span *msg, kvr_text_cache *cache)
+/* A message whose span `msg` is known (placed by the scan, `el` its element then, else NULL:
+ * found by kvr_json_iter_next()): its kept text when the cache has it, else built and kept
+ * (when long enough, and not cut: a cut text is no message's). Without a cache for
+ * messages, built. */
+static void put_message_memo(ctx *c, const kvr_json_span *msg, const kvr_json_elem *el,
+                             kvr_text_cache *cache)
 {
     kvr_json_iter in = {0};
     if (!cache || !cache->bucket || msg->kind != KVR_JSON_OBJECT ||
@@ -383,7 +418,13 @@ static void put_message_memo(ctx *c, const kvr_json_span *msg, kvr_text_cache *c
         put_message(c, msg, &in);
         return;
     }
-    XXH128_hash_t key = XXH3_128bits_withSeed(c->buf + msg->off, msg->len, cache->seed);
+    XXH128_hash_t key; /* the scan's, when it hashed these bytes (kvr_text_cache_known) */
+    if (el && el->keyed) {
+        key.low64 = el->key[0];
+        key.high64 = el->key[1];
+    } else {
+        key = XXH3_128bits_withSeed(c->buf + msg->off, msg->len, cache->seed);
+    }
     memo_ent *e = memo_find(cache, key);
     if (e) {
         cache->mhits++;
@@ -394,8 +435,12 @@ static void put_message_memo(ctx *c, const kvr_json_span *msg, kvr_text_cache *c
     size_t start = c->w.b->len;
     kvr_json_iter_init(&in, c->buf, msg);
     put_message(c, msg, &in);
-    if (!done(c))
-        memo_add(cache, key, c->w.b->data + start, c->w.b->len - start);
+    if (done(c))
+        return;
+    kvr_json_span r;
+    if (!el)
+        kvr_json_span_member(c->buf, msg, "role", &r);
+    memo_add(cache, key, c->w.b->data + start, c->w.b->len - start, el ? el->role : r.kind);
 }
 
 /* ---- tools ---------------------------------------------------------------------------- */
@@ -518,13 +563,13 @@ int kvr_route_text_scan(const char *buf, const kvr_json_span *tools,
          * last of them (a valid array: its separator, or its end). */
         for (size_t i = 0; i < nmsgs && !done(&c); i++) {
             m = (kvr_json_span){.off = msgs[i].off, .len = msgs[i].len, .kind = msgs[i].kind};
-            put_message_memo(&c, &m, cache);
+            put_message_memo(&c, &m, &msgs[i], cache);
         }
         it.pos = msgs[nmsgs - 1].off + msgs[nmsgs - 1].len;
     }
     if (cache && cache->bucket) {
         while (!done(&c) && kvr_json_iter_next(&it, NULL, &m))
-            put_message_memo(&c, &m, cache);
+            put_message_memo(&c, &m, NULL, cache);
         return finish(&c);
     }
     while (!done(&c) && kvr_json_iter_descend(&it, &m, &in)) {

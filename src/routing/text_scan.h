@@ -54,6 +54,14 @@ void kvr_text_cache_stats(const kvr_text_cache *c, uint64_t *hits, uint64_t *mis
 void kvr_text_cache_memo_stats(const kvr_text_cache *c, uint64_t *hits, uint64_t *misses,
                                size_t *bytes);
 
+/** Fills `*out` so that a scan (kvr_body_fields_scan_known()) takes the messages whose texts
+ *  `c` keeps without validating them again: a text is kept only from a body the scan
+ *  accepted, so its message's bytes are known good. Its find() hashes the bytes as the text
+ *  lookup does and leaves the hash in the element, so kvr_route_text_scan() does not hash
+ *  them again. Returns 1, or 0 (nothing filled) when `c` is NULL or keeps no message texts.
+ *  `*out` borrows `c`. */
+int kvr_text_cache_known(kvr_text_cache *c, kvr_json_known *out);
+
 /** Appends the chat routing text (kvr_route_text_build() with KVR_ROUTE_CHAT) of the body
  *  `buf` that kvr_json_scan() accepted, given the spans of its top-level `tools`,
  *  `functions` and `messages` members (each KVR_JSON_ABSENT when the body has none; as

@@ -632,8 +632,10 @@ static void on_begin(scan *s, size_t depth, kvr_json_kind kind, const unsigned c
         s->cur->first_norole = SIZE_MAX;
     } else if (depth == 2 && s->cur->kind == KVR_JSON_ARRAY) {
         if (s->cur == s->rec && s->cur->count < s->elems_cap) {
-            s->elems[s->cur->count].off = (size_t)(p - s->start);
-            s->elems[s->cur->count].kind = kind;
+            kvr_json_elem *e = &s->elems[s->cur->count];
+            e->off = (size_t)(p - s->start);
+            e->kind = kind;
+            e->keyed = 0;
         }
         s->ekind = kind;
         s->sub_count = s->sub_nontoken = 0;
@@ -673,8 +675,10 @@ static void on_end(scan *s, size_t depth, kvr_json_kind kind, const unsigned cha
         return;
     }
     size_t idx = c->count++;
-    if (c == s->rec && idx < s->elems_cap)
+    if (c == s->rec && idx < s->elems_cap) {
         s->elems[idx].len = (size_t)(p - s->start) - s->elems[idx].off;
+        s->elems[idx].role = kind == KVR_JSON_OBJECT ? s->role : KVR_JSON_ABSENT;
+    }
     c->nonstring += kind != KVR_JSON_STRING;
     c->nontoken += !token;
     c->nontokarr += !(kind == KVR_JSON_ARRAY && s->sub_count && !s->sub_nontoken);
@@ -702,8 +706,17 @@ int kvr_json_scan(const char *buf, size_t len, const char *const *names, size_t 
     return kvr_json_scan_elems(buf, len, names, n, out, 0, NULL, 0);
 }
 
+static const unsigned char *skip_valid(const unsigned char *p, const unsigned char *end);
+
 int kvr_json_scan_elems(const char *buf, size_t len, const char *const *names, size_t n,
                         kvr_json_span *out, size_t which, kvr_json_elem *elems, size_t cap)
+{
+    return kvr_json_scan_known(buf, len, names, n, out, which, elems, cap, NULL);
+}
+
+int kvr_json_scan_known(const char *buf, size_t len, const char *const *names, size_t n,
+                        kvr_json_span *out, size_t which, kvr_json_elem *elems, size_t cap,
+                        const kvr_json_known *known)
 {
     scan s;
     s.rec = elems && cap && which < n ? &out[which] : NULL;
@@ -744,6 +757,20 @@ value:
     case '[': {
         int arr = *p == '[';
         on_begin(&s, depth, arr ? KVR_JSON_ARRAY : KVR_JSON_OBJECT, p);
+        if (known && !arr && depth == 2 && s.cur == s.rec && s.rec->kind == KVR_JSON_ARRAY &&
+            s.rec->count < s.elems_cap) {
+            /* Where the element ends if it is valid (skip_valid reads within [p, end) on any
+             * bytes); bytes accepted before as such an element are that element again. */
+            const unsigned char *e = skip_valid(p, end);
+            kvr_json_elem *el = &s.elems[s.rec->count];
+            if ((size_t)(e - p) >= known->min &&
+                known->find(known->ctx, (const char *)p, (size_t)(e - p), el)) {
+                s.role = el->role;
+                p = e;
+                kind = KVR_JSON_OBJECT;
+                goto value_end;
+            }
+        }
         set_array(&s, depth, arr);
         depth++;
         p = ws(p + 1, end);

@@ -18,6 +18,7 @@
 #ifndef KVR_UTIL_JSON_SCAN_H
 #define KVR_UTIL_JSON_SCAN_H
 #include <stddef.h>
+#include <stdint.h>
 
 /** Deepest nesting accepted, counting every value (jansson's JSON_PARSER_MAX_DEPTH): a scalar
  *  inside 2047 arrays is accepted, inside 2048 it is not. */
@@ -72,7 +73,25 @@ typedef struct kvr_json_elem {
     size_t off;         /**< its first byte, from the start of the buffer */
     size_t len;         /**< its bytes as written */
     kvr_json_kind kind; /**< what it is (an integer or a real: KVR_JSON_INTEGER or _REAL) */
+    kvr_json_kind role; /**< an object's last "role" member's kind (KVR_JSON_ABSENT: none) */
+    int keyed;          /**< 1 when a kvr_json_known's find() set `key` for these bytes */
+    uint64_t key[2];    /**< what that find() computed (its own meaning; e.g. a hash) */
 } kvr_json_elem;
+
+/** Elements accepted before, for kvr_json_scan_known(): an element of the recorded array
+ *  that is an object of at least `min` bytes is first located without validation and its
+ *  bytes offered to `find`; when they are known, the scan takes them as they were taken
+ *  before instead of validating them again (a conversation's next turn resends its earlier
+ *  messages byte for byte). */
+typedef struct kvr_json_known {
+    /** [p, p + n): the bytes an element would have if the body is valid. Returns 1 when
+     *  exactly these bytes were accepted before as an element of such an array (then
+     *  e->role must be the kind its last "role" member had), else 0. May set e->key and
+     *  e->keyed = 1 for the caller (e.g. the hash it computed), on a hit or a miss. */
+    int (*find)(void *ctx, const char *p, size_t n, kvr_json_elem *e);
+    void *ctx;
+    size_t min; /**< smaller elements are validated without asking (bytes) */
+} kvr_json_known;
 
 /** kvr_json_scan(), recording in the same pass where the first `cap` elements of the array
  *  located for `names[which]` lie (`which` < `n`): `elems[i]` for i < min(cap,
@@ -81,6 +100,13 @@ typedef struct kvr_json_elem {
  *  each one without skipping the ones before. Same returns as kvr_json_scan(). */
 int kvr_json_scan_elems(const char *buf, size_t len, const char *const *names, size_t n,
                         kvr_json_span *out, size_t which, kvr_json_elem *elems, size_t cap);
+
+/** kvr_json_scan_elems() that asks `known` (may be NULL) about the recorded elements (see
+ *  kvr_json_known): the same returns, spans and elements as without it, provided `find`
+ *  answers 1 only for bytes a scan accepted as such an element. */
+int kvr_json_scan_known(const char *buf, size_t len, const char *const *names, size_t n,
+                        kvr_json_span *out, size_t which, kvr_json_elem *elems, size_t cap,
+                        const kvr_json_known *known);
 
 /** Turns the 32-byte string scan off (0) or back on (1, the default where the CPU has AVX2;
  *  a no-op elsewhere): tests and fuzz harnesses compare the two paths. Not thread-safe; call
