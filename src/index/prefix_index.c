@@ -845,19 +845,29 @@ void kvr_prefix_index_tick(kvr_prefix_index *ix, uint64_t calls)
 
 /* ---- public operations ---------------------------------------------------------------- */
 
-static int grow_chain(kvr_prefix_index *ix, size_t n)
+/* Grows the scratch array *arr (*alloc elements of `size` bytes) to hold n, doubling from
+ * 64. 0, or -1 (unchanged) when memory ran out. */
+static int grow_scratch(void **arr, size_t *alloc, size_t size, size_t n)
 {
-    if (n <= ix->chain_alloc)
+    if (n <= *alloc)
         return 0;
-    size_t a = ix->chain_alloc ? ix->chain_alloc : 64;
+    size_t a = *alloc ? *alloc : 64;
     while (a < n)
         a *= 2;
-    uint64_t *p = realloc(ix->chain, a * sizeof(*p));
+    void *p = realloc(*arr, a * size);
     if (!p)
         return -1;
-    ix->chain = p;
-    ix->chain_alloc = a;
+    *arr = p;
+    *alloc = a;
     return 0;
+}
+
+static int grow_chain(kvr_prefix_index *ix, size_t n)
+{
+    void *p = ix->chain;
+    int rc = grow_scratch(&p, &ix->chain_alloc, sizeof(*ix->chain), n);
+    ix->chain = p;
+    return rc;
 }
 
 /* Makes ix->chain name the block keys of `text` (len > 0): kept when it already does (the
@@ -1042,17 +1052,10 @@ int kvr_prefix_index_insert_keys(kvr_prefix_index *ix, size_t worker, const uint
  * are not prefix-closed after a group overflowed) or memory ran out. */
 static int grow_touch(kvr_prefix_index *ix, size_t n)
 {
-    if (n <= ix->touch_alloc)
-        return 0;
-    size_t a = ix->touch_alloc ? ix->touch_alloc : 64;
-    while (a < n)
-        a *= 2;
-    uint32_t *p = realloc(ix->touch, a * sizeof(*p));
-    if (!p)
-        return -1;
+    void *p = ix->touch;
+    int rc = grow_scratch(&p, &ix->touch_alloc, sizeof(*ix->touch), n);
     ix->touch = p;
-    ix->touch_alloc = a;
-    return 0;
+    return rc;
 }
 
 static int touch_run(kvr_prefix_index *ix, uint32_t wi, size_t h)

@@ -172,6 +172,20 @@ static size_t make_text(char *buf, uint64_t r)
     return n;
 }
 
+/* Teaches `buf` (n bytes, its block keys `keys`) to worker `to` in the index and the model,
+ * then matches it against every worker of both. */
+static void teach_checked(kvr_prefix_index *ix, model_w *mw, size_t nw, size_t *ws,
+                          size_t *got, size_t to, const char *buf, size_t n,
+                          const uint64_t *keys, size_t nk)
+{
+    assert_int_equal(kvr_prefix_index_insert(ix, to, buf, n), 0);
+    model_insert(&mw[to], keys, nk);
+    assert_int_equal(kvr_prefix_index_worker_blocks(ix, to), mw[to].n);
+    kvr_prefix_index_match(ix, buf, n, ws, nw, got);
+    for (size_t i = 0; i < nw; i++)
+        assert_int_equal(got[i], model_match(&mw[i], keys, nk, n));
+}
+
 /* Random traffic on `nw` workers with per-worker caps, compared with the model after every
  * step; now and then a worker leaves. Families of texts are shared by all workers, so keys get
  * many holders (several holder groups, compaction on every removal). */
@@ -210,12 +224,7 @@ static void run_model(size_t nw, size_t cap, int rounds, uint64_t seed)
          * match hashed (and, for a worker holding most of it, touches the held run at once). */
         if (x & 1) {
             size_t to = (x >> 20) % nw;
-            assert_int_equal(kvr_prefix_index_insert(ix, to, buf, n), 0);
-            model_insert(&mw[to], keys, nk);
-            assert_int_equal(kvr_prefix_index_worker_blocks(ix, to), mw[to].n);
-            kvr_prefix_index_match(ix, buf, n, ws, nw, got);
-            for (size_t i = 0; i < nw; i++)
-                assert_int_equal(got[i], model_match(&mw[i], keys, nk, n));
+            teach_checked(ix, mw, nw, ws, got, to, buf, n, keys, nk);
             /* Its reply taught next, as completion teaching does: the same text grown, on the
              * same worker (whose insert reuses the slots the first one left), now and then
              * after another worker's insert that moved slots meanwhile. */
@@ -232,12 +241,7 @@ static void run_model(size_t nw, size_t cap, int rounds, uint64_t seed)
                 size_t n2 = n + 1 + (x >> 50) % 150;
                 fill(buf + n, n2 - n, x);
                 nk = kvr_prefix_index_block_keys(B, buf, n2, keys, 64);
-                assert_int_equal(kvr_prefix_index_insert(ix, to, buf, n2), 0);
-                model_insert(&mw[to], keys, nk);
-                assert_int_equal(kvr_prefix_index_worker_blocks(ix, to), mw[to].n);
-                kvr_prefix_index_match(ix, buf, n2, ws, nw, got);
-                for (size_t i = 0; i < nw; i++)
-                    assert_int_equal(got[i], model_match(&mw[i], keys, nk, n2));
+                teach_checked(ix, mw, nw, ws, got, to, buf, n2, keys, nk);
             }
         }
     }
