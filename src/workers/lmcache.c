@@ -9,6 +9,7 @@
 
 #include "util/log.h"
 #include "util/time.h"
+#include "workers/engine.h"
 #include "workers/fetch.h"
 #include "workers/periodic.h"
 
@@ -64,10 +65,12 @@ static void count(kvr_workers_ctx *ctx, const kvr_worker *w, const char *result)
     kvr_metric_inc(ctx->lmcache_polls, lv, 1);
 }
 
-/* A failed or malformed answer: the worker turns neutral now rather than after the window. */
-static void forget(kvr_workers_ctx *ctx, kvr_worker *w, const char *result, const char *why)
+/* A failed or malformed answer: the worker turns neutral now rather than after the window.
+ * `quiet`: another rank of an engine whose rank 0 logs the change. */
+static void forget(kvr_workers_ctx *ctx, kvr_worker *w, const char *result, const char *why,
+                   int quiet)
 {
-    if (w->lmcache_occupancy >= 0)
+    if (w->lmcache_occupancy >= 0 && !quiet)
         KVR_WARN("msg=\"lmcache endpoint %s: worker neutral\" worker=%s endpoint=%s reason=%s",
                  result, w->url, w->lmcache_endpoint, why);
     w->lmcache_occupancy = -1;
@@ -88,9 +91,7 @@ static void apply(kvr_workers_ctx *ctx, kvr_worker *w, const lmc_result *r, uint
                   int quiet)
 {
     if (r->why[0]) {
-        if (quiet)
-            w->lmcache_occupancy = -1;
-        forget(ctx, w, r->result, r->why);
+        forget(ctx, w, r->result, r->why, quiet);
         return;
     }
     uint64_t window = KVR_LMCACHE_FRESH_INTERVALS * ctx->lmcache_interval_ms;
@@ -110,15 +111,12 @@ static void apply(kvr_workers_ctx *ctx, kvr_worker *w, const lmc_result *r, uint
 static void apply_engine(kvr_workers_ctx *ctx, kvr_worker *w, const lmc_result *r,
                          uint64_t sent_ms)
 {
-    apply(ctx, w, r, sent_ms, 0);
-    if (w->dp_rank < 0)
-        return;
-    kvr_worker *ranks[64];
-    size_t n = kvr_registry_ranks(ctx->reg, w, ranks, 64);
-    for (size_t i = 0; i < n && i < 64; i++)
-        if (ranks[i]->lmcache_endpoint &&
-            !strcmp(ranks[i]->lmcache_endpoint, w->lmcache_endpoint))
-            apply(ctx, ranks[i], r, sent_ms, 1);
+    kvr_worker *ranks[KVR_ENGINE_MAX_RANKS];
+    size_t n = kvr_engine_ranks(ctx, w, ranks); /* w itself first */
+    for (size_t i = 0; i < n; i++)
+        if (i == 0 || (ranks[i]->lmcache_endpoint &&
+                       !strcmp(ranks[i]->lmcache_endpoint, w->lmcache_endpoint)))
+            apply(ctx, ranks[i], r, sent_ms, i > 0);
 }
 
 static void on_answer(void *ud, int status, const char *body, size_t len, int truncated,
