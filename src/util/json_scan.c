@@ -608,7 +608,7 @@ static void on_key(scan *s, size_t depth, const unsigned char *ks, const unsigne
         if (!esc && !((s->first[c0 >> 6] >> (c0 & 63)) & 1))
             return;
         for (size_t i = 0; i < s->n; i++)
-            if ((esc || s->names[i][0] == (ke > ks ? (char)*ks : '\0')) &&
+            if ((esc || (unsigned char)s->names[i][0] == c0) &&
                 key_is(ks, ke, esc, s->names[i])) {
                 s->cur = &s->out[i];
                 break;
