@@ -85,8 +85,10 @@ def test_flags_override_the_profile_wherever_given(sim_factory):
 def test_small_kv_preempts_and_everything_completes(sim_factory):
     # 6 requests of 96 prompt tokens (6 blocks) + 160 output tokens (10 more blocks) over 40
     # blocks: all fit at admission, and any 3 running together run out of blocks while
-    # decoding (a request runs ~160 steps, ~50 ms of wall time at this scale, so they overlap).
-    sim = sim_factory("--profile", P8, "--kv-blocks", "40", "--time-scale", "0.05")
+    # decoding (a request runs ~160 steps, ~0.5 s of wall time at this scale, so they overlap
+    # even when a loaded machine staggers the six clients' starts: at 0.05, ~50 ms each, a CI
+    # rehearsal once saw them run one after another and no preemption).
+    sim = sim_factory("--profile", P8, "--kv-blocks", "40", "--time-scale", "0.5")
     results, errors = [None] * 6, []
     start = threading.Barrier(6, timeout=10)
 
