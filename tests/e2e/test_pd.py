@@ -423,7 +423,11 @@ routes:
         r = kv.post("/v1/chat/completions", chat_body(content="sg", stream=stream),
                     headers={"x-stub-mode": "delay:300"})
         assert r.status_code == 200, r.text
-        pe, de = p.proxied()[0], d.proxied()[0]
+        # the client's answer is the decode worker's; the prefill worker's own answer may
+        # still be on its way (a loaded machine started it later), so wait for it
+        pe = wait_until(lambda: p.proxied()[0]["t_headers_sent"] is not None and p.proxied()[0],
+                        5, what="the prefill worker's answer")
+        de = d.proxied()[0]
         pb, db = pe["body_json"], de["body_json"]
         assert pb["bootstrap_room"] == db["bootstrap_room"]
         assert 0 <= pb["bootstrap_room"] < 2 ** 63
