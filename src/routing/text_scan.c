@@ -26,6 +26,16 @@ typedef struct memo_ent {
     char text[];
 } memo_ent;
 
+/* Where a kept message seen starting with these bytes ended: a guess of the raw length of
+ * an element beginning with the same SIG_BYTES bytes (kvr_json_known's guess). Overwritten by
+ * any other start mapped here; only a hint, checked by the full hash. */
+typedef struct memo_sig {
+    uint64_t sig;          /* hash of the first SIG_BYTES raw bytes, seeded; 0 = empty */
+    size_t len;            /* that message's raw bytes */
+} memo_sig;
+#define SIG_BYTES 128       /* tool calls and their results share their first ~64 bytes */
+#define SIG_PER_BUCKET 4    /* guesses kept per text bucket: room for the texts' starts */
+
 struct kvr_text_cache {
     struct {
         XXH128_hash_t key; /* of the raw tools and functions spans */
@@ -38,6 +48,7 @@ struct kvr_text_cache {
     /* message texts */
     memo_ent **bucket; /* NULL when no budget */
     size_t mask;       /* buckets - 1 (a power of two) */
+    memo_sig *sig;     /* SIG_PER_BUCKET per bucket, direct-mapped by the start's hash */
     memo_ent *head, *tail;
     size_t bytes, max_bytes, min_raw;
     uint64_t seed, mhits, mmisses;
@@ -55,7 +66,8 @@ kvr_text_cache *kvr_text_cache_new(size_t memo_bytes, size_t memo_min)
     size_t n = 64;
     while (n < MEMO_BUCKETS_MAX && n * MEMO_BYTES_PER_BUCKET < memo_bytes)
         n *= 2;
-    if (!(c->bucket = calloc(n, sizeof(*c->bucket)))) {
+    if (!(c->bucket = calloc(n, sizeof(*c->bucket))) || !(c->sig = calloc(n * SIG_PER_BUCKET, sizeof(*c->sig)))) {
+        free(c->bucket);
         free(c);
         return NULL;
     }
@@ -80,6 +92,7 @@ void kvr_text_cache_free(kvr_text_cache *c)
         free(e);
     }
     free(c->bucket);
+    free(c->sig);
     free(c);
 }
 
@@ -143,12 +156,42 @@ static memo_ent *memo_find(kvr_text_cache *c, XXH128_hash_t key)
     return e;
 }
 
-/* kvr_json_known's find: a message is kept only once its body was accepted, so bytes found
- * here are a message the scan accepted. The hash goes back with the element, for the text's
- * lookup (put_message_memo). */
-static int memo_known(void *ctx, const char *p, size_t n, kvr_json_elem *el)
+static memo_sig *sig_slot(const kvr_text_cache *c, const char *p, uint64_t *sig)
+{
+    *sig = XXH3_64bits_withSeed(p, SIG_BYTES, c->seed) | 1; /* never 0, the empty mark */
+    return &c->sig[(*sig >> 7) & (c->mask * SIG_PER_BUCKET + SIG_PER_BUCKET - 1)];
+}
+
+/* Remembers that a kept message's raw bytes [p, p + n) end n bytes after their start. */
+static void sig_put(kvr_text_cache *c, const char *p, size_t n)
+{
+    if (n < SIG_BYTES)
+        return;
+    uint64_t sig;
+    memo_sig *s = sig_slot(c, p, &sig);
+    s->sig = sig;
+    s->len = n;
+}
+
+/* kvr_json_known's guess: the raw length of the kept message last seen starting with the
+ * same bytes. */
+static size_t memo_guess(void *ctx, const char *p, size_t avail)
 {
     const kvr_text_cache *c = ctx;
+    if (avail < SIG_BYTES)
+        return 0;
+    uint64_t sig;
+    const memo_sig *s = sig_slot(c, p, &sig);
+    return s->sig == sig && s->len <= avail ? s->len : 0;
+}
+
+/* kvr_json_known's find: a message is kept only once its body was accepted, so bytes found
+ * here are a message the scan accepted. The hash goes back with the element, for the text's
+ * lookup (put_message_memo). A message found after its end was located (no guess, or a wrong
+ * one) is remembered for the next guess. */
+static int memo_known(void *ctx, const char *p, size_t n, kvr_json_elem *el)
+{
+    kvr_text_cache *c = ctx;
     XXH128_hash_t key = XXH3_128bits_withSeed(p, n, c->seed);
     el->key[0] = key.low64;
     el->key[1] = key.high64;
@@ -157,6 +200,8 @@ static int memo_known(void *ctx, const char *p, size_t n, kvr_json_elem *el)
     if (!e)
         return 0;
     el->role = e->role;
+    if (memo_guess(c, p, n) != n)
+        sig_put(c, p, n);
     return 1;
 }
 
@@ -164,7 +209,8 @@ int kvr_text_cache_known(kvr_text_cache *c, kvr_json_known *out)
 {
     if (!c || !c->bucket)
         return 0;
-    *out = (kvr_json_known){.find = memo_known, .ctx = c, .min = c->min_raw};
+    *out = (kvr_json_known){.find = memo_known, .guess = memo_guess, .ctx = c,
+                            .min = c->min_raw};
     return 1;
 }
 
@@ -441,6 +487,7 @@ static void put_message_memo(ctx *c, const kvr_json_span *msg, const kvr_json_el
     if (!el)
         kvr_json_span_member(c->buf, msg, "role", &r);
     memo_add(cache, key, c->w.b->data + start, c->w.b->len - start, el ? el->role : r.kind);
+    sig_put(cache, c->buf + msg->off, msg->len);
 }
 
 /* ---- tools ---------------------------------------------------------------------------- */

@@ -759,10 +759,22 @@ value:
         on_begin(&s, depth, arr ? KVR_JSON_ARRAY : KVR_JSON_OBJECT, p);
         if (known && !arr && depth == 2 && s.cur == s.rec && s.rec->kind == KVR_JSON_ARRAY &&
             s.rec->count < s.elems_cap) {
-            /* Where the element ends if it is valid (skip_valid reads within [p, end) on any
-             * bytes); bytes accepted before as such an element are that element again. */
-            const unsigned char *e = skip_valid(p, end);
+            /* Bytes accepted before as such an element are that element again: a complete
+             * valid object, whose end its own bytes decide. Their length is guessed first
+             * (no walk over the strings); else located where the element ends if it is
+             * valid (skip_valid reads within [p, end) on any bytes). */
             kvr_json_elem *el = &s.elems[s.rec->count];
+            size_t g = known->guess ? known->guess(known->ctx, (const char *)p,
+                                                   (size_t)(end - p)) : 0;
+            if (g >= known->min && g <= (size_t)(end - p) &&
+                known->find(known->ctx, (const char *)p, g, el)) {
+                s.role = el->role;
+                p += g;
+                kind = KVR_JSON_OBJECT;
+                goto value_end;
+            }
+            el->keyed = 0; /* a wrong guess's key is no key of this element */
+            const unsigned char *e = skip_valid(p, end);
             if ((size_t)(e - p) >= known->min &&
                 known->find(known->ctx, (const char *)p, (size_t)(e - p), el)) {
                 s.role = el->role;

@@ -89,6 +89,12 @@ typedef struct kvr_json_known {
      *  e->role must be the kind its last "role" member had), else 0. May set e->key and
      *  e->keyed = 1 for the caller (e.g. the hash it computed), on a hit or a miss. */
     int (*find)(void *ctx, const char *p, size_t n, kvr_json_elem *e);
+    /** Optional (NULL: none): where an element starting at p, `avail` bytes left in the
+     *  body, would end if it is one accepted before: its length in bytes, or 0 for no
+     *  guess. Only a hint: the scan asks find() about exactly that many bytes and, on a
+     *  miss, locates the element itself as without it. Lets a resent element be hashed
+     *  without first walking its strings to find its end. */
+    size_t (*guess)(void *ctx, const char *p, size_t avail);
     void *ctx;
     size_t min; /**< smaller elements are validated without asking (bytes) */
 } kvr_json_known;
