@@ -217,6 +217,7 @@ int kvr_http__validate(kvr_http_conn *c, const char **msg)
 
     size_t nhost = 0, nte = 0, nexpect = 0;
     const char *te = NULL, *expect = NULL;
+    int coded = 0;
     for (size_t i = 0; i < r->nhdrs; i++) {
         const kvr_http_header *h = &r->hdrs[i];
         switch (h->name_len) {
@@ -229,6 +230,13 @@ int kvr_http__validate(kvr_http_conn *c, const char **msg)
                 nexpect++;
                 expect = h->value;
             }
+            break;
+        case 16:
+            /* RFC 9110 8.4: a body coding kvroute cannot read (it reads bodies to route them,
+             * and workers take JSON as is); "identity" is no coding. */
+            if (ieq(h->name, 16, "content-encoding") && h->value_len &&
+                !(h->value_len == 8 && ieq(h->value, 8, "identity")))
+                coded = 1;
             break;
         case 17:
             if (ieq(h->name, 17, "transfer-encoding")) {
@@ -262,6 +270,11 @@ int kvr_http__validate(kvr_http_conn *c, const char **msg)
         int st = check_te(te, msg);
         if (st)
             return st;
+    }
+    if (coded) {
+        /* RFC 9110 15.5.16: 415 for a content coding the server does not accept */
+        *msg = "Content-Encoding is not supported: send the request body uncompressed";
+        return 415;
     }
     if ((hp->flags & F_CONTENTLENGTH) && hp->content_length > c->srv->lim.max_body_bytes) {
         *msg = "request body is larger than the limit";

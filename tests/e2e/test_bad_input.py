@@ -92,6 +92,9 @@ MATRIX = [
     ("http10_without_keepalive", req(std(first="POST %s HTTP/1.0" % P)), {200}, True),
     ("http2_request_line", req(std(first="POST %s HTTP/2.0" % P)), {505}, True),
     ("method_p_at_st", req(std(first="P@ST %s HTTP/1.1" % P)), {400, 501}, True),
+    # a compressed body kvroute cannot read (RFC 9110 15.5.16): 415, not a JSON error
+    ("content_encoding_gzip", req(std(["Content-Encoding: gzip"]), b"\x1f\x8b" + BODY[2:]), {415}, True),
+    ("content_encoding_identity", req(std(["Content-Encoding: identity"])), {200}, False),
     # issue's own cases
     ("get_on_chat_completions", req(std(cl=False, first="GET %s HTTP/1.1" % P), b""), {405}, None),
     ("unknown_path", req(std(first="POST /v1/nope HTTP/1.1")), {404}, None),
