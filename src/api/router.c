@@ -85,8 +85,19 @@ static kvr_route *route_for(kvr_app *app, kvr_http_req *r, const char *model)
     return NULL;
 }
 
-static void invalid_json(kvr_app *app, kvr_http_req *r, const json_error_t *jerr)
+static void invalid_json(kvr_app *app, kvr_http_req *r, const json_error_t *jerr,
+                         const char *body, size_t blen)
 {
+    /* Valid JSON that is no object or array (null, "x", 1): the same answer as for an array,
+     * rather than a syntax error the body does not have. */
+    json_t *any = json_loadb(body, blen, JSON_DECODE_ANY, NULL);
+    int scalar = any && !json_is_object(any) && !json_is_array(any);
+    json_decref(any);
+    if (scalar) {
+        kvr_reply_error(app, r, NULL, 400, "the request body must be a JSON object", NULL,
+                        "invalid_value", NULL, 0);
+        return;
+    }
     char msg[300];
     snprintf(msg, sizeof(msg), "invalid JSON body: %s (line %d, column %d)", jerr->text,
              jerr->line, jerr->column);
@@ -119,7 +130,7 @@ static void proxied_tree(kvr_app *app, kvr_http_req *r, kvr_endpoint ep, const c
     json_t *j = kvr_json_read(body, blen, &jerr);
     char msg[300];
     if (!j) {
-        invalid_json(app, r, &jerr);
+        invalid_json(app, r, &jerr, body, blen);
         return;
     }
     const char *param = NULL;
@@ -174,7 +185,7 @@ static void proxied(kvr_app *app, kvr_http_req *r, kvr_endpoint ep)
             json_decref(j);
             snprintf(jerr.text, sizeof(jerr.text), "invalid JSON");
         }
-        invalid_json(app, r, &jerr);
+        invalid_json(app, r, &jerr, body, blen);
         return;
     }
     const char *param = NULL;

@@ -337,7 +337,10 @@ static int queue_error(kvr_http_conn *c, int status, const char *msg)
     rc |= put_status_line(b, c->srv, status);
     rc |= PUT_LIT(b, "Content-Type: application/json\r\nContent-Length: ");
     rc |= put_u64(b, body.len);
-    rc |= PUT_LIT(b, "\r\nConnection: close\r\n\r\n");
+    rc |= PUT_LIT(b, "\r\nConnection: close\r\n");
+    if (status == 415) /* RFC 9110 15.5.16: the codings a request body may have: none */
+        rc |= PUT_LIT(b, "Accept-Encoding: identity\r\n");
+    rc |= PUT_LIT(b, "\r\n");
     rc |= put(b, body.data ? body.data : "", body.len);
     kvr_buf_free(&body);
     if (rc) {

@@ -230,6 +230,28 @@ def test_bad_body(bkv, name, path, body, status):
     kv.assert_serving(what=name)
 
 
+@pytest.mark.parametrize("body", [b"null", b'"x"', b"1", b" true ", b"[]"])
+def test_valid_json_that_is_no_object(bkv, body):
+    """Valid JSON of another type is told apart from broken JSON: the same answer as for an
+    array ("must be a JSON object", invalid_value), not a syntax error it does not have."""
+    kv = bkv
+    r = kv.post(P, content=body, timeout=10.0)
+    err = assert_openai_error(r, 400)
+    assert err["code"] == "invalid_value", err
+    assert "must be a JSON object" in err["message"], err
+    kv.assert_serving(what=body)
+
+
+def test_compressed_body_gets_415_with_accept_encoding(bkv):
+    kv = bkv
+    r = kv.post(P, content=b"\x1f\x8b" + BODY[2:], headers={"content-encoding": "gzip"},
+                timeout=10.0)
+    err = assert_openai_error(r, 415)
+    assert "Content-Encoding" in err["message"], err
+    assert r.headers.get("accept-encoding") == "identity", r.headers
+    kv.assert_serving(what="gzip body")
+
+
 def test_bad_requests_counted(bkv):
     kv = bkv
     before = kv.metrics().get("kvroute_requests_total", code="400")
