@@ -89,10 +89,17 @@ static void invalid_json(kvr_app *app, kvr_http_req *r, const json_error_t *jerr
                          const char *body, size_t blen)
 {
     /* Valid JSON that is no object or array (null, "x", 1): the same answer as for an array,
-     * rather than a syntax error the body does not have. */
-    json_t *any = json_loadb(body, blen, JSON_DECODE_ANY, NULL);
-    int scalar = any && !json_is_object(any) && !json_is_array(any);
-    json_decref(any);
+     * rather than a syntax error the body does not have. A broken object or array is not
+     * read again to find that out. */
+    size_t i = 0;
+    while (i < blen && (body[i] == ' ' || body[i] == '\t' || body[i] == '\r' || body[i] == '\n'))
+        i++;
+    int scalar = 0;
+    if (i < blen && body[i] != '{' && body[i] != '[') {
+        json_t *any = json_loadb(body, blen, JSON_DECODE_ANY, NULL);
+        scalar = any != NULL;
+        json_decref(any);
+    }
     if (scalar) {
         kvr_reply_error(app, r, NULL, 400, "the request body must be a JSON object", NULL,
                         "invalid_value", NULL, 0);

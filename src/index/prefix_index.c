@@ -875,17 +875,19 @@ static int grow_chain(kvr_prefix_index *ix, size_t n)
 static void chain_bind(kvr_prefix_index *ix, const void *text, size_t len)
 {
     size_t keep = 0, from = 0;
-    if (ix->chain_len && len < ix->chain_len && !memcmp(ix->chain_text, text, len)) {
-        /* A prefix of the bound text (a prompt matched after its own reply was taught, as
-         * concurrent requests of one conversation interleave): its full blocks' keys stay. */
-        if (ix->chain_n > len / ix->block_bytes)
-            ix->chain_n = len / ix->block_bytes;
-        ix->chain_len = len;
-        return;
-    }
-    if (ix->chain_len && len >= ix->chain_len && !memcmp(ix->chain_text, text, ix->chain_len)) {
+    if (ix->chain_len &&
+        !memcmp(ix->chain_text, text, len < ix->chain_len ? len : ix->chain_len)) {
         if (len == ix->chain_len)
             return;
+        if (len < ix->chain_len) {
+            /* A prefix of the bound text (a prompt matched after its own reply was taught,
+             * as concurrent requests of one conversation interleave): its full blocks' keys
+             * stay. */
+            if (ix->chain_n > len / ix->block_bytes)
+                ix->chain_n = len / ix->block_bytes;
+            ix->chain_len = len;
+            return;
+        }
         /* The text goes on (a reply taught after its prompt, the next turn after both): the
          * keys of its old full blocks stay, only the old partial block's is redone. */
         keep = ix->chain_len / ix->block_bytes;

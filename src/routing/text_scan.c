@@ -49,6 +49,8 @@ struct kvr_text_cache {
     memo_ent **bucket; /* NULL when no budget */
     size_t mask;       /* buckets - 1 (a power of two) */
     memo_sig *sig;     /* SIG_PER_BUCKET per bucket, direct-mapped by the start's hash */
+    const char *guess_p; /* the last guess's start and answer: find() asked about exactly */
+    size_t guess_n;      /* those bytes needs not remember them again */
     memo_ent *head, *tail;
     size_t bytes, max_bytes, min_raw;
     uint64_t seed, mhits, mmisses;
@@ -66,7 +68,8 @@ kvr_text_cache *kvr_text_cache_new(size_t memo_bytes, size_t memo_min)
     size_t n = 64;
     while (n < MEMO_BUCKETS_MAX && n * MEMO_BYTES_PER_BUCKET < memo_bytes)
         n *= 2;
-    if (!(c->bucket = calloc(n, sizeof(*c->bucket))) || !(c->sig = calloc(n * SIG_PER_BUCKET, sizeof(*c->sig)))) {
+    if (!(c->bucket = calloc(n, sizeof(*c->bucket))) ||
+        !(c->sig = calloc(n * SIG_PER_BUCKET, sizeof(*c->sig)))) {
         free(c->bucket);
         free(c);
         return NULL;
@@ -177,12 +180,16 @@ static void sig_put(kvr_text_cache *c, const char *p, size_t n)
  * same bytes. */
 static size_t memo_guess(void *ctx, const char *p, size_t avail)
 {
-    const kvr_text_cache *c = ctx;
-    if (avail < SIG_BYTES)
-        return 0;
-    uint64_t sig;
-    const memo_sig *s = sig_slot(c, p, &sig);
-    return s->sig == sig && s->len <= avail ? s->len : 0;
+    kvr_text_cache *c = ctx;
+    size_t n = 0;
+    if (avail >= SIG_BYTES) {
+        uint64_t sig;
+        const memo_sig *s = sig_slot(c, p, &sig);
+        n = s->sig == sig && s->len <= avail ? s->len : 0;
+    }
+    c->guess_p = p;
+    c->guess_n = n;
+    return n;
 }
 
 /* kvr_json_known's find: a message is kept only once its body was accepted, so bytes found
@@ -200,8 +207,10 @@ static int memo_known(void *ctx, const char *p, size_t n, kvr_json_elem *el)
     if (!e)
         return 0;
     el->role = e->role;
-    if (memo_guess(c, p, n) != n)
+    /* The scan guesses right before it asks: a hit on the guessed bytes is remembered. */
+    if (p != c->guess_p || n != c->guess_n)
         sig_put(c, p, n);
+    c->guess_p = NULL;
     return 1;
 }
 
@@ -229,14 +238,15 @@ static void memo_evict_tail(kvr_text_cache *c)
 /* Keeps `text` under `key` (absent: memo_find() just missed it). A text above a sixteenth of
  * the budget is not kept: one huge message would flush every other conversation's. Out of
  * memory keeps nothing (the text was built anyway). */
-static void memo_add(kvr_text_cache *c, XXH128_hash_t key, const char *text, size_t len,
-                     kvr_json_kind role)
+/* Returns 1 when the text is kept, 0 when it is too large or memory ran out. */
+static int memo_add(kvr_text_cache *c, XXH128_hash_t key, const char *text, size_t len,
+                    kvr_json_kind role)
 {
     if (memo_cost(len) > c->max_bytes / 16)
-        return;
+        return 0;
     memo_ent *e = malloc(memo_cost(len));
     if (!e)
-        return;
+        return 0;
     e->key = key;
     e->len = len;
     e->role = role;
@@ -248,6 +258,7 @@ static void memo_add(kvr_text_cache *c, XXH128_hash_t key, const char *text, siz
     *b = e;
     lru_push(c, e);
     c->bytes += memo_cost(len);
+    return 1;
 }
 
 /* A walk of one body: the writer and the body. */
@@ -486,8 +497,9 @@ static void put_message_memo(ctx *c, const kvr_json_span *msg, const kvr_json_el
     kvr_json_span r;
     if (!el)
         kvr_json_span_member(c->buf, msg, "role", &r);
-    memo_add(cache, key, c->w.b->data + start, c->w.b->len - start, el ? el->role : r.kind);
-    sig_put(cache, c->buf + msg->off, msg->len);
+    if (memo_add(cache, key, c->w.b->data + start, c->w.b->len - start,
+                 el ? el->role : r.kind))
+        sig_put(cache, c->buf + msg->off, msg->len);
 }
 
 /* ---- tools ---------------------------------------------------------------------------- */
