@@ -31,7 +31,8 @@
 #   KVROUTE_ARGS [""]  extra kvroute flags, e.g. "--upstream-client curl" (split on blanks)
 #   PROFILE_BODIES ["8k 247 ssechunk"]  cells profiled with perf, one extra run each
 #   PROFILE_CA_BODIES ["tau"]            cells profiled on kvroute-ca
-#   SYSCALLS [1]   count syscalls per request of nginx and kvroute (8 KB), one extra run each
+#   SYSCALLS [1]   count syscalls per request of nginx and kvroute, one extra run each
+#   SYSCALL_BODY [8k]  the cell whose syscalls are counted
 #   OUT [out/overhead]  results: overhead.md, results.tsv, raw wrk output, profile reports
 #   KEEP_TMP [0]   1 keeps the temp dir (nginx configs, logs, perf.data)
 set -euo pipefail
@@ -584,12 +585,13 @@ syscall_count() { # path body secs: writes $OUT/syscalls-<path>-<body>.txt (name
         "$TMP/pstat-$path.txt" >"$OUT/syscalls-$path-$body.txt"
 }
 if [[ ${SYSCALLS:-1} == 1 && -n $KVR_PID && -n $NGX_PIDS ]] && command -v perf >/dev/null; then
-    log "counting syscalls per request (8 KB JSON) for nginx and kvroute"
-    if syscall_count nginx 8k 4 && syscall_count kvroute 8k 4; then
-        SYSCALL_MD+=$'\nSyscalls per request, 8 KB JSON (perf stat on syscall tracepoints, one extra 4 s run each; zero rows omitted):\n\n'
+    SB=${SYSCALL_BODY:-8k}
+    log "counting syscalls per request ($(label "$SB")) for nginx and kvroute"
+    if syscall_count nginx "$SB" 4 && syscall_count kvroute "$SB" 4; then
+        SYSCALL_MD+=$'\nSyscalls per request, '"$(label "$SB")"$' (perf stat on syscall tracepoints, one extra 4 s run each; zero rows omitted):\n\n'
         SYSCALL_MD+=$'| syscall | nginx worker | kvroute |\n|---|---:|---:|\n'
         SYSCALL_MD+=$(join -t $'\t' -a1 -a2 -e 0 -o 0,1.2,2.2 \
-            <(sort "$OUT/syscalls-nginx-8k.txt") <(sort "$OUT/syscalls-kvroute-8k.txt") |
+            <(sort "$OUT/syscalls-nginx-$SB.txt") <(sort "$OUT/syscalls-kvroute-$SB.txt") |
             awk -F'\t' '$2 + 0 > 0.0005 || $3 + 0 > 0.0005 { printf "| %s | %.2f | %.2f |\n", $1, $2, $3 }' |
             sort -t'|' -k4,4gr)
         SYSCALL_MD+=$'\n'

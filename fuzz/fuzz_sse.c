@@ -11,8 +11,8 @@
  * split across reads, so both feeds must give the same result: where the socket reads ended
  * must not change what was counted, nor the reply collected.
  *
- * Mode 3 collects a chat reply (completion teaching), the path where token events are read in
- * place without a tree (usage.h kvr_usage_tree_only). Every mode is also run with
+ * Mode 3 collects a chat reply (completion teaching), the path where token events and plain
+ * chat or completions bodies are read in place without a tree (usage.h kvr_usage_tree_only). Every mode is also run with
  * kvr_usage_tree_only set, every event through a jansson tree: the reference. Counts,
  * response id and reply must be the same.
  *
@@ -69,7 +69,8 @@ static void scan(kvr_usage *u, int sse, size_t cap, int mode, const char *p, siz
 static int same(const kvr_usage *a, const kvr_usage *b)
 {
     if (a->found != b->found || a->prompt != b->prompt || a->cached != b->cached ||
-        a->completion != b->completion || a->overflow != b->overflow)
+        a->completion != b->completion || a->has_cached != b->has_cached ||
+        a->overflow != b->overflow)
         return 0;
     if (!a->response_id || !b->response_id)
         return a->response_id == b->response_id;

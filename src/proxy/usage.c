@@ -251,25 +251,15 @@ void kvr_usage_messages(kvr_usage *u)
     u->messages = 1;
 }
 
-/* take()'s usage reading without a tree, for the answers whose reply and response id are not
- * wanted: the top-level `usage` object (else `response.usage`), its counts and the cached
- * tokens of its details, with take()'s rules (a count that is not an integer reads 0; the
- * Responses API's names when `prompt_tokens` is absent and `input_tokens` present). */
-static void take_usage_scan(kvr_usage *u, const char *json, size_t len)
+/* take()'s reading of a `usage` object (span `usage` of `json`) without a tree, with its
+ * rules: a count that is not an integer reads 0; the Responses API's names when
+ * `prompt_tokens` is absent and `input_tokens` present. */
+static void usage_span(kvr_usage *u, const char *json, const kvr_json_span *usage)
 {
-    static const char *const top[] = {"usage", "response"};
     static const char *const names[] = {"prompt_tokens", "input_tokens", "completion_tokens",
                                         "output_tokens", "prompt_tokens_details",
                                         "input_tokens_details"};
-    kvr_json_span t[2], resp, f[6], cached;
-    if (kvr_json_scan(json, len, top, 2, t) != KVR_JSON_OBJECT)
-        return;
-    const kvr_json_span *usage = &t[0];
-    if (usage->kind != KVR_JSON_OBJECT) {
-        if (!kvr_json_span_member(json, &t[1], "usage", &resp) || resp.kind != KVR_JSON_OBJECT)
-            return;
-        usage = &resp;
-    }
+    kvr_json_span f[6], cached;
     const char *ub = json + usage->off;
     kvr_json_scan(ub, usage->len, names, 6, f);
     int r = f[0].kind == KVR_JSON_ABSENT && f[1].kind != KVR_JSON_ABSENT;
@@ -279,6 +269,23 @@ static void take_usage_scan(kvr_usage *u, const char *json, size_t len)
     kvr_json_span_member(ub, &f[r ? 5 : 4], "cached_tokens", &cached);
     u->has_cached = cached.kind == KVR_JSON_INTEGER;
     u->cached = cached.ival;
+}
+
+/* take()'s usage reading without a tree, for the answers whose reply and response id are not
+ * wanted: the top-level `usage` object, else `response.usage`. */
+static void take_usage_scan(kvr_usage *u, const char *json, size_t len)
+{
+    static const char *const top[] = {"usage", "response"};
+    kvr_json_span t[2], resp;
+    if (kvr_json_scan(json, len, top, 2, t) != KVR_JSON_OBJECT)
+        return;
+    const kvr_json_span *usage = &t[0];
+    if (usage->kind != KVR_JSON_OBJECT) {
+        if (!kvr_json_span_member(json, &t[1], "usage", &resp) || resp.kind != KVR_JSON_OBJECT)
+            return;
+        usage = &resp;
+    }
+    usage_span(u, json, usage);
 }
 
 static void take(kvr_usage *u, const char *json, size_t len)
@@ -353,73 +360,83 @@ void kvr_usage_init(kvr_usage *u, int sse, size_t cap, int want_id)
 
 int kvr_usage_tree_only;
 
-/* The decoded string `s` of `json` for the reply, without allocating: *p and *n point into
- * `json` when it has no escapes, else into `tmp` (cap bytes). Returns 0, or -1 when the
- * decoded string does not fit `tmp`. */
-static int span_text(const char *json, const kvr_json_span *s, char *tmp, size_t cap,
-                     const char **p, size_t *n)
+/* reply_text() of the string `s` of `json`, decoded straight into the reply (no tree, no
+ * copy in between). */
+static void reply_span(kvr_usage *u, const char *json, const kvr_json_span *s)
 {
     if (!s->escaped) {
-        *p = json + s->off + 1;
-        *n = s->len - 2;
-        return 0;
+        reply_bytes(u, json + s->off + 1, s->len - 2);
+        return;
     }
-    *n = kvr_json_span_string(json, s, tmp, cap);
-    *p = tmp;
-    return *n <= cap ? 0 : -1;
+    if (u->reply_over)
+        return;
+    /* Decoding never lengthens a string: its raw bytes bound the room it needs. */
+    size_t room = u->reply_cap - u->reply.len, want = s->len - 2 < room ? s->len - 2 : room;
+    if (kvr_buf_reserve(&u->reply, want) < 0) {
+        u->reply_over = 1;
+        return;
+    }
+    size_t n = kvr_json_span_string(json, s, want ? u->reply.data + u->reply.len : NULL, want);
+    if (n > want) {
+        u->reply_over = 1; /* over the cap, as reply_bytes() would find */
+        return;
+    }
+    if (n) {
+        u->reply.len += n;
+        u->reply.data[u->reply.len] = '\0';
+    }
 }
 
-/* A chat or completions SSE event read in place, with no tree and no allocation: the token
- * chunks that make up a stream ({"choices":[{"delta":{"content":"…"},"finish_reason":…}]}
- * or a completion's {"choices":[{"text":"…"}]}) with no usage object, no Responses API
- * fields and no tool-call fragments. Returns 1 when the event was read with exactly the
- * effect take() gives it, 0 when take() must read it (nothing changed then). */
+/* A chat or completions answer read in place, with no tree and no allocation: a JSON body
+ * ({"choices":[{"message":{"content":"…"},"finish_reason":…}],"usage":{…}}) or an SSE event
+ * (the token chunks {"choices":[{"delta":{"content":"…"},…}]}, a completion's
+ * {"choices":[{"text":"…"}]}, the final chunk's usage), with no tool calls, no Responses API
+ * fields and no event type. Returns 1 when the answer was read with exactly the effect
+ * take() gives it, 0 when take() must read it (nothing changed then). */
 static int take_in_place(kvr_usage *u, const char *json, size_t len)
 {
     static const char *const top[] = {"choices", "usage", "response", "object", "type"};
     static const char *const choice[] = {"message", "delta", "text", "finish_reason"};
-    static const char *const delta[] = {"content", "tool_calls"};
+    static const char *const part_names[] = {"content", "tool_calls"};
     kvr_json_span v[5], c0, w[4], d[2];
     if (kvr_usage_tree_only || u->messages)
         return 0;
     int rc = kvr_json_scan(json, len, top, 5, v);
     if (rc < 0)
         return 1; /* not JSON: take() reads nothing from it either */
-    if (rc != KVR_JSON_OBJECT || v[1].kind == KVR_JSON_OBJECT || v[2].kind != KVR_JSON_ABSENT ||
-        v[4].kind != KVR_JSON_ABSENT ||
+    if (rc != KVR_JSON_OBJECT || v[2].kind != KVR_JSON_ABSENT || v[4].kind != KVR_JSON_ABSENT ||
         (v[3].kind == KVR_JSON_STRING &&
          (v[3].escaped || (v[3].len == 10 && !memcmp(json + v[3].off, "\"response\"", 10)))))
-        return 0; /* usage, a response object or id, an event type: take() */
-    if (!u->reply_cap || u->reply_over)
-        return 1;
-    if (!kvr_json_span_first(json, &v[0], &c0) || c0.kind != KVR_JSON_OBJECT)
-        return 1; /* no first choice object: nothing for the reply */
-    kvr_json_scan(json + c0.off, c0.len, choice, 4, w);
-    if (w[0].kind != KVR_JSON_ABSENT)
-        return 0; /* a whole message */
+        return 0; /* a response object or id, an event type: take() */
     const kvr_json_span *text = NULL;
-    size_t base = c0.off;
-    if (w[1].kind != KVR_JSON_ABSENT) {
-        if (w[1].kind == KVR_JSON_OBJECT) {
-            kvr_json_scan(json + c0.off + w[1].off, w[1].len, delta, 2, d);
+    size_t base = 0;
+    int done = 0;
+    if (u->reply_cap && !u->reply_over && kvr_json_span_first(json, &v[0], &c0) &&
+        c0.kind == KVR_JSON_OBJECT) {
+        kvr_json_scan(json + c0.off, c0.len, choice, 4, w);
+        /* take_reply(): a message, else a delta, is the part read; a choice with neither
+         * gives its text. */
+        const kvr_json_span *part = w[0].kind != KVR_JSON_ABSENT ? &w[0] : &w[1];
+        if (w[0].kind != KVR_JSON_ABSENT && w[0].kind != KVR_JSON_OBJECT)
+            return 0; /* a message that is no object (null, a string): take() */
+        if (part->kind == KVR_JSON_OBJECT) {
+            base = c0.off + part->off;
+            kvr_json_scan(json + base, part->len, part_names, 2, d);
             if (d[1].kind == KVR_JSON_ARRAY && d[1].count)
-                return 0; /* tool-call fragments */
+                return 0; /* tool calls, or their fragments */
             text = &d[0];
-            base = c0.off + w[1].off;
+        } else if (part->kind == KVR_JSON_ABSENT) {
+            base = c0.off;
+            text = &w[2];
         }
-    } else {
-        text = &w[2];
+        done = w[0].kind != KVR_JSON_ABSENT || w[3].kind == KVR_JSON_STRING;
     }
-    char tmp[1024];
-    const char *p = NULL;
-    size_t n = 0;
-    if (text && text->kind == KVR_JSON_STRING &&
-        span_text(json + base, text, tmp, sizeof(tmp), &p, &n) < 0)
-        return 0; /* a long escaped text: take() */
-    if (p)
-        reply_bytes(u, p, n);
-    if (w[3].kind == KVR_JSON_STRING)
+    if (text && text->kind == KVR_JSON_STRING)
+        reply_span(u, json + base, text);
+    if (done)
         u->reply_done = 1;
+    if (v[1].kind == KVR_JSON_OBJECT)
+        usage_span(u, json, &v[1]);
     return 1;
 }
 
@@ -486,7 +503,7 @@ void kvr_usage_feed(kvr_usage *u, const char *data, size_t len)
 
 void kvr_usage_finish(kvr_usage *u)
 {
-    if (!u->sse && !u->overflow && u->buf.len)
+    if (!u->sse && !u->overflow && u->buf.len && !take_in_place(u, u->buf.data, u->buf.len))
         take(u, u->buf.data, u->buf.len);
 }
 

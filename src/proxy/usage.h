@@ -40,11 +40,12 @@ typedef struct kvr_usage {
     long long msg_input, msg_cache_read, msg_cache_creation; /**< Messages: latest values */
 } kvr_usage;
 
-/** Tests only (fuzz/fuzz_sse.c): nonzero makes every event go through a jansson tree, the
- *  reference the in-place reading of token events is checked against. 0 by default: a chat
- *  or completions token event (no usage, tool calls or Responses fields) is read where it
- *  lies in the relayed bytes, without a tree or an allocation; a line wholly inside one read
- *  is not copied. */
+/** Tests only (fuzz/fuzz_sse.c): nonzero makes every event and body go through a jansson
+ *  tree, the reference the in-place reading is checked against. 0 by default: a chat or
+ *  completions answer with no tool calls, Responses fields or event type (token events, the
+ *  final chunk's usage, a plain JSON body) is read where it lies, without a tree or an
+ *  allocation (the reply's text is decoded straight into `reply`); a line wholly inside one
+ *  read is not copied. */
 extern int kvr_usage_tree_only;
 
 /** Starts a scan; `cap` bytes bound the memory kept (0 disables scanning); `want_id` also

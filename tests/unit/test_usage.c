@@ -184,6 +184,28 @@ static void test_reply_chat_sse_any_split(void **state)
     }
 }
 
+/* `a` (read in place where it could be) and `b` (the tree's reading) read the same: counts,
+ * reply bytes (with the NUL after them), done and over flags, and the reply object. Returns
+ * a's reply object (caller decrefs), NULL when there is none. */
+static json_t *assert_same_reading(const kvr_usage *a, const kvr_usage *b)
+{
+    assert_int_equal(a->found, b->found);
+    assert_int_equal(a->prompt, b->prompt);
+    assert_int_equal(a->completion, b->completion);
+    assert_int_equal(a->cached, b->cached);
+    assert_int_equal(a->has_cached, b->has_cached);
+    assert_int_equal(a->reply_done, b->reply_done);
+    assert_int_equal(a->reply_over, b->reply_over);
+    assert_int_equal(a->reply.len, b->reply.len);
+    if (a->reply.len)
+        assert_memory_equal(a->reply.data, b->reply.data, a->reply.len + 1);
+    json_t *ra = kvr_usage_reply(a, 0), *rb = kvr_usage_reply(b, 0);
+    assert_true((ra == NULL) == (rb == NULL));
+    assert_true(!ra || json_equal(ra, rb));
+    json_decref(rb);
+    return ra;
+}
+
 /* Token events are read in place (no tree); the rest through the tree. Both give what the
  * tree alone gives (kvr_usage_tree_only), for every read size, on events that take each way:
  * text deltas with escapes, a completion's text, tool-call fragments, usage null and object,
@@ -226,20 +248,68 @@ static void test_reply_in_place_equals_tree(void **state)
                 kvr_usage_finish(&u[t]);
             }
             kvr_usage_tree_only = 0;
-            assert_int_equal(u[0].found, u[1].found);
-            assert_int_equal(u[0].prompt, u[1].prompt);
-            assert_int_equal(u[0].reply_done, u[1].reply_done);
-            assert_int_equal(u[0].reply_over, u[1].reply_over);
-            assert_int_equal(u[0].reply.len, u[1].reply.len);
-            if (u[0].reply.len)
-                assert_memory_equal(u[0].reply.data, u[1].reply.data, u[0].reply.len);
-            json_t *a = kvr_usage_reply(&u[0], 0), *b = kvr_usage_reply(&u[1], 0);
-            assert_true((a == NULL) == (b == NULL));
-            assert_true(!a || json_equal(a, b));
+            json_t *a = assert_same_reading(&u[0], &u[1]);
             if (i == 0)
                 assert_non_null(a);
             json_decref(a);
-            json_decref(b);
+            kvr_usage_free(&u[0]);
+            kvr_usage_free(&u[1]);
+        }
+    }
+}
+
+/* A JSON body is read in place too (no tree) when it is a plain chat or completions answer,
+ * through the tree otherwise; either way exactly what the tree alone gives: usage counts and
+ * cached tokens, the reply (escaped, over the cap, at the cap), done or not. */
+static void test_json_body_in_place_equals_tree(void **state)
+{
+    (void)state;
+    static const char *const bodies[] = {
+        "{\"id\":\"c\",\"object\":\"chat.completion\",\"choices\":[{\"index\":0,\"message\":"
+        "{\"role\":\"assistant\",\"content\":\"Prefix \\\"caching\\\"\\nreuses \\u00e9 blocks.\"},"
+        "\"finish_reason\":\"stop\"}],\"usage\":{\"prompt_tokens\":42,\"total_tokens\":51,"
+        "\"completion_tokens\":9,\"prompt_tokens_details\":{\"cached_tokens\":32}}}",
+        "{\"choices\":[{\"message\":{\"content\":\"abcdefghij\"}}],\"usage\":{\"prompt_tokens\":1}}",
+        "{\"choices\":[{\"message\":{\"content\":\"a\\tbcdefghi\"}}]}",
+        "{\"choices\":[{\"message\":{\"content\":\"a\\tbcdefghij\\t\"}}]}",
+        "{\"choices\":[{\"message\":{\"content\":null,\"tool_calls\":[{\"id\":\"t\",\"type\":"
+        "\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]}}]}",
+        "{\"choices\":[{\"message\":null,\"finish_reason\":\"stop\"}],\"usage\":{\"input_tokens\":3,"
+        "\"output_tokens\":4,\"input_tokens_details\":{\"cached_tokens\":\"x\"}}}",
+        "{\"choices\":[{\"text\":\"\",\"finish_reason\":\"length\"}],\"usage\":null}",
+        "{\"choices\":[{\"delta\":{\"content\":\"d\"},\"text\":\"t\"}]}",
+        "{\"choices\":[\"x\"],\"usage\":{\"prompt_tokens\":2.5,\"completion_tokens\":7}}",
+        "{\"object\":\"response\",\"id\":\"r\",\"output\":[],\"usage\":{\"input_tokens\":5}}",
+        "[1]",
+        "{\"choices\":[{\"message\":{\"content\":\"cut",
+    };
+    for (size_t i = 0; i < sizeof(bodies) / sizeof(bodies[0]); i++) {
+        static const size_t caps[] = {9, 10, 1000};
+        for (size_t ci = 0; ci < 3; ci++) {
+            size_t cap = caps[ci];
+            kvr_usage u[2];
+            for (int t = 0; t < 2; t++) {
+                kvr_usage_tree_only = t;
+                kvr_usage_init(&u[t], 0, 1u << 20, 0);
+                kvr_usage_want_reply(&u[t], cap);
+                kvr_usage_feed(&u[t], bodies[i], strlen(bodies[i]));
+                kvr_usage_finish(&u[t]);
+            }
+            kvr_usage_tree_only = 0;
+            json_t *a = assert_same_reading(&u[0], &u[1]);
+            if (i == 0 && cap == 1000) { /* the usual answer: all of it read */
+                assert_non_null(a);
+                assert_string_equal(json_string_value(json_object_get(a, "content")),
+                                    "Prefix \"caching\"\nreuses \xc3\xa9 blocks.");
+                assert_int_equal(u[0].prompt, 42);
+                assert_int_equal(u[0].cached, 32);
+                assert_int_equal(u[0].completion, 9);
+            }
+            if (i == 2 && cap == 10) /* decoded, the text fits a cap its raw bytes do not */
+                assert_int_equal(u[0].reply_over, 0);
+            if (i == 3 && cap <= 10)
+                assert_int_equal(u[0].reply_over, 1);
+            json_decref(a);
             kvr_usage_free(&u[0]);
             kvr_usage_free(&u[1]);
         }
@@ -478,6 +548,7 @@ int main(void)
         cmocka_unit_test(test_reply_chat_sse_any_split),
         cmocka_unit_test(test_reply_json_forms_and_cap),
         cmocka_unit_test(test_reply_in_place_equals_tree),
+        cmocka_unit_test(test_json_body_in_place_equals_tree),
         cmocka_unit_test(test_messages_sse_usage_and_reply_any_split),
         cmocka_unit_test(test_messages_later_event_replaces),
         cmocka_unit_test(test_messages_json_reply_and_bad_streams),
