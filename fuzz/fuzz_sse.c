@@ -12,9 +12,9 @@
  * must not change what was counted, nor the reply collected.
  *
  * Mode 3 collects a chat reply (completion teaching), the path where token events and plain
- * chat or completions bodies are read in place without a tree (usage.h kvr_usage_tree_only). Every mode is also run with
- * kvr_usage_tree_only set, every event through a jansson tree: the reference. Counts,
- * response id and reply must be the same.
+ * chat or completions bodies are read in place without a tree (usage.h
+ * kvr_usage_tree_only). Every mode is also run with kvr_usage_tree_only set, every event
+ * through a jansson tree: the reference. Counts, response id and reply must be the same.
  *
  * Not checked: that token counts are non-negative. usage.h reports the worker's numbers as
  * sent (a negative one included); the metrics layer refuses to decrement a counter
