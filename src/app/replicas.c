@@ -123,7 +123,7 @@ void kvr_app_cluster_taught(kvr_app *app, kvr_route *r, kvr_worker *w, const kvr
         app->ncluster_keys = n;
     }
     if (n)
-        kvr_prefix_index_block_keys(bb, k->text, k->text_len, app->cluster_keys, n);
+        kvr_prefix_keys_get(k->kept, bb, k->text, k->text_len, app->cluster_keys, n);
     /* Little-endian bytes, as the entry carries them. */
     unsigned char *bytes = n ? malloc(n * 8) : NULL;
     if (n && !bytes)
@@ -168,7 +168,7 @@ void kvr_app_cluster_corrected(kvr_app *app, kvr_route *r, kvr_worker *w,
     uint64_t *keys = malloc((first_missing + 1) * sizeof(*keys));
     if (!keys)
         return;
-    kvr_prefix_index_block_keys(bb, k->text, k->text_len, keys, first_missing + 1);
+    kvr_prefix_keys_get(k->kept, bb, k->text, k->text_len, keys, first_missing + 1);
     unsigned char key8[8];
     for (int b = 0; b < 8; b++)
         key8[b] = (unsigned char)(keys[first_missing] >> (8 * b));

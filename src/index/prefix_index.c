@@ -189,12 +189,23 @@ static inline size_t other_bucket(size_t nb, uint64_t kw, size_t b)
 size_t kvr_prefix_index_block_keys(size_t block_bytes, const void *text, size_t len,
                                    uint64_t *keys, size_t max)
 {
+    return kvr_prefix_keys_get(NULL, block_bytes, text, len, keys, max);
+}
+
+size_t kvr_prefix_keys_get(const kvr_prefix_keys *kept, size_t block_bytes, const void *text,
+                           size_t len, uint64_t *keys, size_t max)
+{
     if (!block_bytes || !len)
         return 0;
     const char *p = text;
-    size_t n = (len + block_bytes - 1) / block_bytes;
-    uint64_t seed = SEED0;
-    for (size_t i = 0; i < n && i < max; i++) {
+    size_t n = (len + block_bytes - 1) / block_bytes, i = 0;
+    if (kept && kept->block_bytes == block_bytes) {
+        i = kept->n < len / block_bytes ? kept->n : len / block_bytes;
+        i = i < max ? i : max;
+        memcpy(keys, kept->key, i * sizeof(*keys));
+    }
+    uint64_t seed = i ? keys[i - 1] : SEED0;
+    for (; i < n && i < max; i++) {
         size_t off = i * block_bytes, bl = len - off < block_bytes ? len - off : block_bytes;
         seed = XXH3_64bits_withSeed(p + off, bl, seed);
         keys[i] = seed;
@@ -871,12 +882,13 @@ static int grow_chain(kvr_prefix_index *ix, size_t n)
 }
 
 /* Makes ix->chain name the block keys of `text` (len > 0): kept when it already does (the
- * same bytes, as a request's insert after its match), emptied otherwise. */
-static void chain_bind(kvr_prefix_index *ix, const void *text, size_t len)
+ * same bytes, as a request's insert after its match), emptied otherwise. The first `same`
+ * bytes (<= both lengths) are known equal to the bound text's and are not compared again. */
+static void chain_bind(kvr_prefix_index *ix, const void *text, size_t len, size_t same)
 {
-    size_t keep = 0, from = 0;
+    size_t keep = 0, from = 0, both = len < ix->chain_len ? len : ix->chain_len;
     if (ix->chain_len &&
-        !memcmp(ix->chain_text, text, len < ix->chain_len ? len : ix->chain_len)) {
+        !memcmp(ix->chain_text + same, (const char *)text + same, both - same)) {
         if (len == ix->chain_len)
             return;
         if (len < ix->chain_len) {
@@ -892,6 +904,9 @@ static void chain_bind(kvr_prefix_index *ix, const void *text, size_t len)
          * keys of its old full blocks stay, only the old partial block's is redone. */
         keep = ix->chain_len / ix->block_bytes;
         from = ix->chain_len;
+    } else if (same) {
+        keep = same / ix->block_bytes; /* a whole number of blocks (bind_text) */
+        from = same;
     }
     if (ix->chain_n > keep)
         ix->chain_n = keep;
@@ -907,6 +922,61 @@ static void chain_bind(kvr_prefix_index *ix, const void *text, size_t len)
     }
     memcpy(ix->chain_text + from, (const char *)text + from, len - from);
     ix->chain_len = len;
+}
+
+void kvr_prefix_keys_free(kvr_prefix_keys *k)
+{
+    if (!k)
+        return;
+    free(k->key);
+    memset(k, 0, sizeof(*k));
+}
+
+/* Binds the chain to `text` (chain_bind), starting from a request's kept keys when they are
+ * for this block size: the keys of the text's full blocks the request hashed before (a prefix
+ * of them when the text is shorter now). The chain then names no text of its own (chain_len
+ * 0): a later call without kept keys hashes again. Returns `kept` when it was used (the
+ * call's new keys go back there, kept_save), else NULL. */
+static kvr_prefix_keys *bind_text(kvr_prefix_index *ix, const void *text, size_t len,
+                                  kvr_prefix_keys *kept)
+{
+    if (!kept || (kept->block_bytes && kept->block_bytes != ix->block_bytes)) {
+        chain_bind(ix, text, len, 0);
+        return NULL;
+    }
+    size_t full = len / ix->block_bytes, k = kept->n < full ? kept->n : full;
+    /* The bound text is this one's (all requests of one conversation in a row, as on the
+     * bench): equal keys say its first k blocks are these bytes, as they say for the index,
+     * and only the rest is compared. The binding stays for the next request's match. */
+    if (k && ix->chain_n >= k && ix->chain_len >= k * ix->block_bytes &&
+        !memcmp(ix->chain, kept->key, k * sizeof(*kept->key))) {
+        chain_bind(ix, text, len, k * ix->block_bytes);
+        return kept;
+    }
+    if (!k || grow_chain(ix, k) < 0) {
+        chain_bind(ix, text, len, 0);
+        return kept;
+    }
+    memcpy(ix->chain, kept->key, k * sizeof(*kept->key));
+    ix->chain_n = k;
+    ix->chain_len = 0;
+    return kept;
+}
+
+/* Keeps the full blocks' keys the chain (bound to a text of `len` bytes) has beyond the
+ * request's kept ones. Out of memory keeps fewer: they are only a saving. */
+static void kept_save(const kvr_prefix_index *ix, size_t len, kvr_prefix_keys *kept)
+{
+    size_t full = len / ix->block_bytes, have = ix->chain_n < full ? ix->chain_n : full;
+    if (have <= kept->n)
+        return;
+    void *p = kept->key;
+    if (grow_scratch(&p, &kept->alloc, sizeof(*kept->key), have) < 0)
+        return;
+    kept->key = p;
+    memcpy(kept->key + kept->n, ix->chain + kept->n, (have - kept->n) * sizeof(*kept->key));
+    kept->n = have;
+    kept->block_bytes = ix->block_bytes;
 }
 
 /* Hashes the bound text's block keys up to block `upto` (exclusive). -1 when memory ran out. */
@@ -1016,6 +1086,12 @@ static int insert_chain(kvr_prefix_index *ix, uint32_t wi, size_t m, size_t cap)
 
 int kvr_prefix_index_insert(kvr_prefix_index *ix, size_t worker, const void *text, size_t len)
 {
+    return kvr_prefix_index_insert_kept(ix, worker, text, len, NULL);
+}
+
+int kvr_prefix_index_insert_kept(kvr_prefix_index *ix, size_t worker, const void *text,
+                                 size_t len, kvr_prefix_keys *kept)
+{
     if (!len)
         return 0;
     long wl = worker_get(ix, worker);
@@ -1028,9 +1104,11 @@ int kvr_prefix_index_insert(kvr_prefix_index *ix, size_t worker, const void *tex
     size_t cap = eff_cap(ix, &ix->w[wi]);
     /* Blocks past the cap would be evicted again at once (they are the least recent). */
     size_t m = nblocks < cap ? nblocks : cap;
-    chain_bind(ix, text, len);
+    kept = bind_text(ix, text, len, kept);
     if (chain_hash(ix, text, len, m) < 0)
         return -1;
+    if (kept)
+        kept_save(ix, len, kept);
     return insert_chain(ix, wi, m, cap);
 }
 
@@ -1241,17 +1319,11 @@ out:
     return rc;
 }
 
-void kvr_prefix_index_match(kvr_prefix_index *ix, const void *text, size_t len,
-                            const size_t *workers, size_t n, size_t *matched)
+/* The match of a text the chain is bound to (kvr_prefix_index_match_kept). */
+static void match_bound(kvr_prefix_index *ix, const void *text, size_t len,
+                        const size_t *workers, size_t n, size_t *matched)
 {
-    memset(matched, 0, n * sizeof(*matched));
-    ix->match_valid = 0;
-    if (!len || !n || !ix->used)
-        return;
     size_t B = ix->block_bytes, nblocks = (len + B - 1) / B;
-    /* The chain's keys are kept for kvr_prefix_index_match_use(), which then probes only the
-     * chosen worker's few LRU run boundaries, and for the insert that usually follows. */
-    chain_bind(ix, text, len);
     if (n <= BISECT_WORKERS) {
         for (size_t j = 0; j < n; j++) {
             long wi = worker_find(ix, workers[j]);
@@ -1332,6 +1404,28 @@ done:
         if (wi >= 0)
             ix->want[wi] = 0;
     }
+}
+
+void kvr_prefix_index_match_kept(kvr_prefix_index *ix, const void *text, size_t len,
+                                 kvr_prefix_keys *kept, const size_t *workers, size_t n,
+                                 size_t *matched)
+{
+    memset(matched, 0, n * sizeof(*matched));
+    ix->match_valid = 0;
+    if (!len || !n || !ix->used)
+        return;
+    /* The chain's keys are kept for kvr_prefix_index_match_use(), which then probes only the
+     * chosen worker's few LRU run boundaries, and for the insert that usually follows. */
+    kept = bind_text(ix, text, len, kept);
+    match_bound(ix, text, len, workers, n, matched);
+    if (kept)
+        kept_save(ix, len, kept);
+}
+
+void kvr_prefix_index_match(kvr_prefix_index *ix, const void *text, size_t len,
+                            const size_t *workers, size_t n, size_t *matched)
+{
+    kvr_prefix_index_match_kept(ix, text, len, NULL, workers, n, matched);
 }
 
 size_t kvr_prefix_index_forget_worker(kvr_prefix_index *ix, size_t worker)

@@ -91,6 +91,24 @@ typedef struct kvr_prefix_use {
 
 typedef struct kvr_prefix_index kvr_prefix_index;
 
+/** Block keys of one request's routing text, kept with the request so that its match, its
+ *  teach when the answer starts and its reply's teach hash each block once, whatever texts the
+ *  index sees between them (the index itself keeps the keys of the last text only, and
+ *  concurrent requests interleave). The text passed with it may only grow from call to call
+ *  (the prompt, then prompt + reply): the keys of its full blocks then never change.
+ *  All-zero is empty; owned by the caller; free with kvr_prefix_keys_free(). */
+typedef struct kvr_prefix_keys {
+    uint64_t *key;      /**< keys of the text's first `n` full blocks */
+    size_t n;
+    size_t alloc;       /**< keys allocated */
+    size_t block_bytes; /**< the block size they are for (0 = none yet); an index of another
+                             block size neither reads nor changes them */
+} kvr_prefix_keys;
+
+/** Frees the keys; `k` is then empty. NULL is a no-op. */
+void kvr_prefix_keys_free(kvr_prefix_keys *k);
+
+
 /** Creates an empty index. Returns NULL on a zero block_bytes/max_blocks or out of memory.
  *  Free with kvr_prefix_index_destroy(). */
 kvr_prefix_index *kvr_prefix_index_create(const kvr_prefix_index_cfg *cfg);
@@ -105,6 +123,11 @@ void kvr_prefix_index_destroy(kvr_prefix_index *ix);
  *  kvr_prefix_index_match_use(). */
 void kvr_prefix_index_match(kvr_prefix_index *ix, const void *text, size_t len,
                             const size_t *workers, size_t n, size_t *matched);
+/** kvr_prefix_index_match() taking and keeping the request's block keys in `kept` (NULL:
+ *  exactly kvr_prefix_index_match()). Same results; only the hashing is saved. */
+void kvr_prefix_index_match_kept(kvr_prefix_index *ix, const void *text, size_t len,
+                                 kvr_prefix_keys *kept, const size_t *workers, size_t n,
+                                 size_t *matched);
 
 /** Fills `out` with the use stamps of the blocks covering the first `matched` bytes of the
  *  text of the last kvr_prefix_index_match() call, for `worker`, one of those it matched
@@ -150,6 +173,10 @@ void kvr_prefix_index_tick(kvr_prefix_index *ix, uint64_t calls);
  *  blocks, ties at random). Returns 0, or -1 when the worker id is out of range or memory ran
  *  out (the index then holds a consistent subset of the blocks). An empty text is a no-op. */
 int kvr_prefix_index_insert(kvr_prefix_index *ix, size_t worker, const void *text, size_t len);
+/** kvr_prefix_index_insert() taking and keeping the request's block keys in `kept` (NULL:
+ *  exactly kvr_prefix_index_insert()). Same effect and return. */
+int kvr_prefix_index_insert_kept(kvr_prefix_index *ix, size_t worker, const void *text,
+                                 size_t len, kvr_prefix_keys *kept);
 
 /** As kvr_prefix_index_insert for a text whose block keys (kvr_prefix_index_block_keys with
  *  this index's block_bytes, `n` of them, in order) were computed elsewhere: what another
@@ -188,5 +215,10 @@ void kvr_prefix_index_stats_get(const kvr_prefix_index *ix, kvr_prefix_index_sta
  *  policy (whose key is the first block). */
 size_t kvr_prefix_index_block_keys(size_t block_bytes, const void *text, size_t len,
                                    uint64_t *keys, size_t max);
+/** kvr_prefix_index_block_keys() taking the keys a request kept (`kept`, for its text
+ *  `text`; NULL or kept for another block size: all hashed) instead of hashing those blocks
+ *  again: what a replica sends the others when it teaches (app/replicas.c). */
+size_t kvr_prefix_keys_get(const kvr_prefix_keys *kept, size_t block_bytes, const void *text,
+                           size_t len, uint64_t *keys, size_t max);
 
 #endif

@@ -50,6 +50,7 @@ int kvr_request_keys_build(kvr_app *app, const kvr_route *route, const json_t *b
     if (out->text.len) {
         out->k.text = out->text.data;
         out->k.text_len = out->text.len;
+        out->k.kept = &out->kept;
     }
     return rc < 0 ? -1 : 0;
 }
@@ -94,6 +95,7 @@ int kvr_request_keys_build_fields(kvr_app *app, const kvr_route *route,
     if (out->text.len) {
         out->k.text = out->text.data;
         out->k.text_len = out->text.len;
+        out->k.kept = &out->kept;
     }
     return rc < 0 ? -1 : 0;
 }
@@ -104,6 +106,7 @@ void kvr_request_keys_free(kvr_request_keys *rk)
     kvr_buf_free(&rk->text);
     free(rk->tokens);
     rk->tokens = NULL;
+    kvr_prefix_keys_free(&rk->kept);
     memset(&rk->k, 0, sizeof(rk->k));
 }
 

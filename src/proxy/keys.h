@@ -6,6 +6,7 @@
 #include <jansson.h>
 
 #include "app/app.h"
+#include "index/prefix_index.h"
 #include "proxy/tokenize.h"
 #include "routing/fields.h"
 #include "routing/keys.h"
@@ -16,6 +17,7 @@ typedef struct kvr_request_keys {
     kvr_buf session;        /**< session key bytes (empty = none) */
     kvr_buf text;           /**< routing text bytes */
     uint32_t *tokens;       /**< the prompt's token ids (owned; NULL until known), k.tokens */
+    kvr_prefix_keys kept;   /**< the text's block keys as the prefix index hashed them, k.kept */
     kvr_route_keys k;       /**< views into the buffers, as policies take them */
 } kvr_request_keys;
 

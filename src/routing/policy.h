@@ -18,6 +18,9 @@ typedef struct kvr_route_keys {
     size_t session_len;    /**< bytes */
     const char *text;      /**< routing text (what the engine will cache), NULL/0 when none */
     size_t text_len;       /**< bytes */
+    kvr_prefix_keys *kept; /**< block keys of `text` kept with the request across its
+                                match and teaches (index/prefix_index.h; the text only
+                                grows meanwhile); NULL = none */
     const uint32_t *tokens; /**< the prompt's token ids as the engine caches them (precise
                                  policy, proxy/tokenize.h), NULL when unknown */
     size_t ntokens;

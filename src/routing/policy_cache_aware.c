@@ -297,7 +297,7 @@ static int decide(ca_state *s, kvr_worker *const *el, size_t n, const kvr_route_
     if (tlen) {
         for (size_t i = 0; i < n; i++)
             s->ids[i] = el[i]->id;
-        kvr_prefix_index_match(s->index, text, tlen, s->ids, n, s->matched);
+        kvr_prefix_index_match_kept(s->index, text, tlen, k->kept, s->ids, n, s->matched);
     } else {
         memset(s->matched, 0, n * sizeof(*s->matched));
     }
@@ -450,7 +450,7 @@ static void ca_teach(void *self, kvr_worker *w, const kvr_route_keys *k)
     if (k && k->session && k->session_len)
         kvr_session_map_bind(s->sessions, k->session, k->session_len, w->id, now);
     if (k && k->text && k->text_len)
-        kvr_prefix_index_insert(s->index, w->id, k->text, k->text_len);
+        kvr_prefix_index_insert_kept(s->index, w->id, k->text, k->text_len, k->kept);
     kvr_session_map_sweep(s->sessions, now, TEACH_SWEEP);
 }
 
@@ -577,7 +577,8 @@ static void ca_sent(void *self, kvr_worker *w, const kvr_route_keys *k)
         (k->session_len && kvr_session_map_get(s->sessions, k->session, k->session_len, now,
                                                &owner) == 1))
         return;
-    kvr_prefix_index_match(s->index, k->text, k->text_len, &id, 1, &matched);
+    kvr_prefix_index_match_kept(s->index, k->text, k->text_len, k->kept, &id, 1,
+                                &matched);
     if (new_conversation(k, (double)matched / (double)k->text_len, s, NULL, 0))
         count_start(s, w->id, now);
 }
@@ -640,7 +641,7 @@ int kvr_cache_aware_scores(void *self, kvr_worker *const *el, size_t n, const kv
     if (tlen) {
         for (size_t i = 0; i < n; i++)
             s->ids[i] = el[i]->id;
-        kvr_prefix_index_match(s->index, k->text, tlen, s->ids, n, s->matched);
+        kvr_prefix_index_match_kept(s->index, k->text, tlen, k->kept, s->ids, n, s->matched);
     } else {
         memset(s->matched, 0, n * sizeof(*s->matched));
     }

@@ -894,6 +894,96 @@ static void test_extended_text_keys(void **state)
     }
 }
 
+/* Requests that keep their block keys (kvr_prefix_index_match_kept / insert_kept) get exactly
+ * what the plain calls give, while other requests' texts interleave with theirs (the index's
+ * own chain then names another text) and their text grows by a reply; the kept keys are the
+ * text's full blocks' keys; an index of another block size ignores them. */
+static void test_kept_keys_same_as_plain(void **state)
+{
+    (void)state;
+    enum { CONV = 6, LIVE = 3, MAXT = 6000 };
+    static char conv[CONV][MAXT];
+    for (size_t c = 0; c < CONV; c++) {
+        fill(conv[c], MAXT, 1000 + c);
+        memcpy(conv[c], conv[0], 700); /* a shared system prompt */
+    }
+    kvr_prefix_index *kx = mk(1u << 20, 300), *px = mk(1u << 20, 300);
+    kvr_prefix_index_cfg c32 = {.block_bytes = 32, .max_blocks = 1u << 20};
+    kvr_prefix_index *k32 = kvr_prefix_index_create(&c32), *p32 = kvr_prefix_index_create(&c32);
+    assert_non_null(k32);
+    assert_non_null(p32);
+    struct live {
+        size_t c, len, reply, w, step;
+        kvr_prefix_keys kept;
+    } r[LIVE] = {0};
+    kvr_rand_seed(7);
+    size_t lens[CONV] = {0}, workers[3] = {0, 1, 2}, saved = 0;
+    for (int it = 0; it < 3000; it++) {
+        struct live *q = &r[kvr_rand_below(LIVE)];
+        if (q->step == 0) { /* a new request: its conversation's next turn */
+            q->c = kvr_rand_below(CONV);
+            lens[q->c] += 50 + kvr_rand_below(400);
+            if (lens[q->c] + 400 > MAXT)
+                lens[q->c] = 60 + kvr_rand_below(600);
+            q->len = lens[q->c];
+            q->reply = kvr_rand_below(300);
+            kvr_prefix_keys_free(&q->kept);
+        }
+        const char *t = conv[q->c];
+        size_t mk_[3], mp[3], len = q->step == 2 ? q->len + q->reply : q->len;
+        if (q->step == 0) {
+            kvr_prefix_index_match_kept(kx, t, len, &q->kept, workers, 3, mk_);
+            kvr_prefix_index_match(px, t, len, workers, 3, mp);
+            assert_memory_equal(mk_, mp, sizeof(mk_));
+            kvr_prefix_index_match_kept(k32, t, len, &q->kept, workers, 3, mk_);
+            kvr_prefix_index_match(p32, t, len, workers, 3, mp);
+            assert_memory_equal(mk_, mp, sizeof(mk_));
+            q->w = kvr_rand_below(3);
+        } else {
+            assert_int_equal(kvr_prefix_index_insert_kept(kx, q->w, t, len, &q->kept), 0);
+            assert_int_equal(kvr_prefix_index_insert(px, q->w, t, len), 0);
+            assert_int_equal(kvr_prefix_index_insert_kept(k32, q->w, t, len, &q->kept), 0);
+            assert_int_equal(kvr_prefix_index_insert(p32, q->w, t, len), 0);
+            if (q->step == 2)
+                lens[q->c] = len > lens[q->c] ? len : lens[q->c];
+        }
+        /* the kept keys are this text's own, for one block size: the first index that used
+         * them (the 64-byte one, unless it held nothing yet to match against) */
+        uint64_t want[MAXT / 32];
+        size_t bb = q->kept.block_bytes;
+        if (bb) {
+            assert_true(q->kept.n <= len / bb);
+            kvr_prefix_index_block_keys(bb, t, len, want, MAXT / 32);
+            assert_memory_equal(q->kept.key, want, q->kept.n * sizeof(*want));
+            saved += bb == B ? q->kept.n : 0;
+            /* all of the text's keys from the kept ones: the same as hashing them all */
+            uint64_t got[MAXT / 32];
+            size_t max = kvr_rand_below(MAXT / 32) + 1;
+            assert_int_equal(kvr_prefix_keys_get(&q->kept, bb, t, len, got, max),
+                             (len + bb - 1) / bb);
+            size_t nk = (len + bb - 1) / bb < max ? (len + bb - 1) / bb : max;
+            assert_memory_equal(got, want, nk * sizeof(*want));
+        }
+        q->step = (q->step + 1) % 3;
+    }
+    assert_true(saved > 0);
+    kvr_prefix_index *both[2][2] = {{kx, px}, {k32, p32}};
+    for (int i = 0; i < 2; i++) {
+        kvr_prefix_index_stats a, b;
+        kvr_prefix_index_stats_get(both[i][0], &a);
+        kvr_prefix_index_stats_get(both[i][1], &b);
+        assert_int_equal(a.holdings, b.holdings);
+        assert_int_equal(a.blocks, b.blocks);
+        assert_int_equal(a.evictions, b.evictions);
+        assert_true(i == 0 || a.evictions == 0);
+        assert_true(i == 1 || a.evictions > 0); /* the per-worker cap was reached */
+        kvr_prefix_index_destroy(both[i][0]);
+        kvr_prefix_index_destroy(both[i][1]);
+    }
+    for (size_t i = 0; i < LIVE; i++)
+        kvr_prefix_keys_free(&r[i].kept);
+}
+
 static void test_kv_tokens_conversion(void **state)
 {
     (void)state;
@@ -917,6 +1007,7 @@ int main(void)
         cmocka_unit_test(test_forget_worker_and_capacity),
         cmocka_unit_test(test_global_cap_shared),
         cmocka_unit_test(test_extended_text_keys),
+        cmocka_unit_test(test_kept_keys_same_as_plain),
         cmocka_unit_test(test_kv_tokens_conversion),
         cmocka_unit_test(test_corrections_match_model),
         cmocka_unit_test(test_correct_semantics),
