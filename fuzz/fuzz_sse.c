@@ -14,7 +14,9 @@
  * Mode 3 collects a chat reply (completion teaching), the path where token events and plain
  * chat or completions bodies are read in place without a tree (usage.h
  * kvr_usage_tree_only). Every mode is also run with kvr_usage_tree_only set, every event
- * through a jansson tree: the reference. Counts, response id and reply must be the same.
+ * through a jansson tree: the reference. Counts, response id and reply must be the same, but
+ * for one case: a JSON body that is no JSON text yet ends in a usage object is counted when
+ * only the counts are read (usage.c usage_tail()), where the tree reads nothing.
  *
  * Not checked: that token counts are non-negative. usage.h reports the worker's numbers as
  * sent (a negative one included); the metrics layer refuses to decrement a counter
@@ -25,6 +27,7 @@
 #include <string.h>
 
 #include "proxy/usage.h"
+#include "util/json_read.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -113,7 +116,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             kvr_usage_tree_only = 1;
             scan(&ref, sse, cap, mode, p, size, cuts, ncuts);
             kvr_usage_tree_only = 0;
-            if (!same(&whole, &split) || !same(&whole, &ref))
+            /* usage.c usage_tail(): an answer that is no JSON text but ends in a usage
+             * object is counted where the tree counts nothing. */
+            int lenient = !sse && mode == 0 && whole.found && !ref.found;
+            if (lenient) {
+                json_t *j = kvr_json_read(p, size, NULL);
+                lenient = j == NULL;
+                json_decref(j);
+            }
+            if (!same(&whole, &split) || (!lenient && !same(&whole, &ref)))
                 __builtin_trap();
             json_t *rw = kvr_usage_reply(&whole, 0), *rs = kvr_usage_reply(&split, 0),
                    *rr = kvr_usage_reply(&ref, 0);

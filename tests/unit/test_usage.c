@@ -316,6 +316,86 @@ static void test_json_body_in_place_equals_tree(void **state)
     }
 }
 
+/* Counts only (round_robin: no reply, no id): an answer ending in its usage object is read
+ * from the end (usage.c usage_tail()); every other shape from the start. Both must read what
+ * the tree reads. */
+static void test_counts_only_from_the_end_equal_tree(void **state)
+{
+    (void)state;
+    static const char *const bodies[] = {
+        /* the bench stub's answer (bench/overhead.sh) */
+        "{\"id\":\"chatcmpl-bench0000000000\",\"object\":\"chat.completion\",\"created\":1700000000,"
+        "\"model\":\"m\",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":"
+        "\"Prefix caching reuses KV blocks.\"},\"finish_reason\":\"stop\"}],\"usage\":{\"prompt_tokens\""
+        ":42,\"total_tokens\":51,\"completion_tokens\":9}}",
+        /* vLLM's, pretty-printed, with details */
+        " {\n \"choices\": [],\n \"usage\" : {\"prompt_tokens\": 7, \"completion_tokens\": 2,"
+        " \"prompt_tokens_details\": {\"cached_tokens\": 5}} \n } \n",
+        "{\"usage\":{\"prompt_tokens\":1,\"prompt_tokens_details\":null}}",
+        "{\"usage\":{\"input_tokens\":3,\"output_tokens\":4,\"input_tokens_details\":"
+        "{\"cached_tokens\":1}}}",
+        /* duplicates: the last one counts */
+        "{\"usage\":{\"prompt_tokens\":1},\"usage\":{\"prompt_tokens\":2}}",
+        /* not last, not an object, inside another object, a string holding braces */
+        "{\"usage\":{\"prompt_tokens\":3},\"system_fingerprint\":\"x\"}",
+        "{\"usage\":null}",
+        "{\"x\":{\"usage\":{\"prompt_tokens\":4}}}",
+        "{\"x\":{\"a\":1,\"usage\":{\"prompt_tokens\":4}}}",
+        "{\"usage\":{\"prompt_tokens\":5,\"note\":\"}{\"}}",
+        "{\"usage\":{\"prompt_tokens\":6,\"note\":\"\\\"usage\\\":{\"}}",
+        "{\"k\":\"a\",\"usage\":{\"x\":\"}\",\"t\":1}}",
+        "{\"response\":{\"usage\":{\"input_tokens\":8}}}",
+        "{\"usage\":{\"prompt_tokens\":2.5,\"completion_tokens\":-7}}",
+        "{\"musage\":{\"prompt_tokens\":9}}",
+        "{\"a\":1,\"other\":{\"prompt_tokens\":9}}",
+        "{\"usage\":{\"prompt_tokens\":1},\"other\":{\"prompt_tokens\":9}}",
+        "[{\"usage\":{\"prompt_tokens\":9}}]",
+        "{}",
+        "}}",
+    };
+    for (size_t i = 0; i < sizeof(bodies) / sizeof(bodies[0]); i++) {
+        kvr_usage u[2];
+        for (int t = 0; t < 2; t++) {
+            kvr_usage_tree_only = t;
+            kvr_usage_init(&u[t], 0, 1u << 20, 0);
+            kvr_usage_feed(&u[t], bodies[i], strlen(bodies[i]));
+            kvr_usage_finish(&u[t]);
+        }
+        kvr_usage_tree_only = 0;
+        json_decref(assert_same_reading(&u[0], &u[1]));
+        if (i == 0) {
+            assert_int_equal(u[0].found, 1);
+            assert_int_equal(u[0].prompt, 42);
+            assert_int_equal(u[0].completion, 9);
+            assert_int_equal(u[0].has_cached, 0);
+        }
+        if (i == 1)
+            assert_int_equal(u[0].cached, 5);
+        if (i == 4)
+            assert_int_equal(u[0].prompt, 2);
+        kvr_usage_free(&u[0]);
+        kvr_usage_free(&u[1]);
+    }
+    /* What the scan from the start never took: bytes that are no JSON text before a usage
+     * object that ends the answer. The client receives them as sent; the counts are read. */
+    const char *broken = "{\"choices\":[{\"message\":{\"content\":\"\x01\"}}],"
+                         "\"usage\":{\"prompt_tokens\":11,\"completion_tokens\":3}}";
+    kvr_usage b;
+    kvr_usage_init(&b, 0, 1u << 20, 0);
+    kvr_usage_feed(&b, broken, strlen(broken));
+    kvr_usage_finish(&b);
+    assert_int_equal(b.found, 1);
+    assert_int_equal(b.prompt, 11);
+    kvr_usage_free(&b);
+    /* ...but not a usage object that is itself no JSON */
+    const char *bad_usage = "{\"usage\":{\"prompt_tokens\":1,,}}";
+    kvr_usage_init(&b, 0, 1u << 20, 0);
+    kvr_usage_feed(&b, bad_usage, strlen(bad_usage));
+    kvr_usage_finish(&b);
+    assert_int_equal(b.found, 0);
+    kvr_usage_free(&b);
+}
+
 static void test_reply_json_forms_and_cap(void **state)
 {
     (void)state;
@@ -549,6 +629,7 @@ int main(void)
         cmocka_unit_test(test_reply_json_forms_and_cap),
         cmocka_unit_test(test_reply_in_place_equals_tree),
         cmocka_unit_test(test_json_body_in_place_equals_tree),
+        cmocka_unit_test(test_counts_only_from_the_end_equal_tree),
         cmocka_unit_test(test_messages_sse_usage_and_reply_any_split),
         cmocka_unit_test(test_messages_later_event_replaces),
         cmocka_unit_test(test_messages_json_reply_and_bad_streams),
