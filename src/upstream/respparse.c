@@ -226,22 +226,31 @@ static const char *head_end(const char *data, size_t len)
     return NULL;
 }
 
-static int ieq(const char *a, size_t n, const char *lit)
+/* always_inline: with a literal `lit` (lower case) the length folds to a constant, and the
+ * comparison runs only for a name of the right length and first letter (every response
+ * header passes here). */
+static inline __attribute__((always_inline)) int ieq(const char *a, size_t n, const char *lit)
 {
-    return strlen(lit) == n && strncasecmp(a, lit, n) == 0;
+    return __builtin_strlen(lit) == n && (a[0] | 0x20) == lit[0] && strncasecmp(a, lit, n) == 0;
 }
 
 /* Whether `a` (n bytes) starts with `lit` but is longer: http_parser matches the names and
  * tokens it knows character by character, so near-misses are left to it. */
-static int longer_than(const char *a, size_t n, const char *lit)
+static inline __attribute__((always_inline)) int longer_than(const char *a, size_t n,
+                                                             const char *lit)
 {
-    size_t l = strlen(lit);
-    return n > l && strncasecmp(a, lit, l) == 0;
+    size_t l = __builtin_strlen(lit);
+    return n > l && (a[0] | 0x20) == lit[0] && strncasecmp(a, lit, l) == 0;
 }
 
-/* The header names http_parser gives a meaning (2.9.4: h_matching_*). */
-static const char *const g_special[] = {"content-length", "transfer-encoding", "connection",
-                                        "proxy-connection", "upgrade"};
+/* Whether a header name starts with one http_parser gives a meaning (2.9.4: h_matching_*)
+ * but is longer. */
+static int longer_than_special(const char *a, size_t n)
+{
+    return longer_than(a, n, "content-length") || longer_than(a, n, "transfer-encoding") ||
+           longer_than(a, n, "connection") || longer_than(a, n, "proxy-connection") ||
+           longer_than(a, n, "upgrade");
+}
 
 /* Connection's tokens: *close when one is "close"; 0 (not for the fast path) on "upgrade". */
 static int connection_ok(const char *v, size_t n, int *close)
@@ -309,9 +318,8 @@ static size_t fast_head(kvr_resp *r, const char *data, size_t len)
         while (ve > v && is_ows(ve[-1]))
             ve--;
         size_t nl2 = (size_t)(colon - p), vl = (size_t)(ve - v);
-        for (size_t i = 0; i < sizeof(g_special) / sizeof(*g_special); i++)
-            if (longer_than(p, nl2, g_special[i]))
-                goto slow;
+        if (longer_than_special(p, nl2))
+            goto slow;
         if (ieq(p, nl2, "content-length")) {
             if (have_cl || !vl || vl > 18)
                 goto slow;

@@ -30,7 +30,7 @@ static int reserve(kvr_buf *b, size_t extra)
     return 0;
 }
 
-int kvr_buf_append(kvr_buf *b, const void *p, size_t n)
+int kvr_buf_append_grow(kvr_buf *b, const void *p, size_t n)
 {
     if (reserve(b, n) < 0)
         return -1;

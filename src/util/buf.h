@@ -3,6 +3,7 @@
 #ifndef KVR_UTIL_BUF_H
 #define KVR_UTIL_BUF_H
 #include <stddef.h>
+#include <string.h>
 
 /** A byte buffer. All-zero is a valid empty buffer with no cap (cap 0 = unlimited).
  *  `data` is owned by the buffer and always NUL-terminated after the last byte (not counted
@@ -16,9 +17,24 @@ typedef struct kvr_buf {
 
 /** Initialises an empty buffer whose length may never exceed `cap` bytes (0 = unlimited). */
 void kvr_buf_init(kvr_buf *b, size_t cap);
+/** kvr_buf_append() when the bytes may not fit the allocation (grows it, checks the cap). */
+int kvr_buf_append_grow(kvr_buf *b, const void *p, size_t n);
 /** Appends `n` bytes. Returns 0, or -1 (buffer unchanged) when the cap would be exceeded or
- *  memory ran out. */
-int kvr_buf_append(kvr_buf *b, const void *p, size_t n);
+ *  memory ran out. Inline: response heads and upstream requests are built from dozens of
+ *  small appends, and most fit the allocation already. */
+static inline int kvr_buf_append(kvr_buf *b, const void *p, size_t n)
+{
+    /* room for n and the NUL, and the cap not passed: the bytes go in as they are */
+    if (b->data && b->len < b->alloc && n < b->alloc - b->len &&
+        (!b->cap || (b->len <= b->cap && n <= b->cap - b->len))) {
+        if (n)
+            memcpy(b->data + b->len, p, n);
+        b->len += n;
+        b->data[b->len] = '\0';
+        return 0;
+    }
+    return kvr_buf_append_grow(b, p, n);
+}
 /** Makes room for `n` more bytes (at most what the cap leaves) without changing the
  *  contents, so that appends up to that size do not reallocate. Returns 0, or -1 when memory
  *  ran out (buffer unchanged). */

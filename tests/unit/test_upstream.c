@@ -24,6 +24,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "upstream/impl.h"
 #include "upstream/upstream.h"
 #include "util/buf.h"
 #include "util/time.h"
@@ -1364,6 +1365,25 @@ static void test_bad_input(void **state)
     close_client(u);
 }
 
+/* Every byte value, in a name and in a value, against the rule of upstream/impl.h: a value
+ * may hold no control byte but HT (nor DEL); a name none of those, nor ':', SP or HT. */
+static void test_header_bytes_every_value(void **state)
+{
+    (void)state;
+    for (int c = 0; c < 256; c++) {
+        char name[4] = {'X', (char)c, 'A', 0}, value[4] = {'1', (char)c, '2', 0};
+        int ctl = (c < 0x20 && c != '\t') || c == 0x7f;
+        kvr_http_header h = {name, 3, "v", 1};
+        assert_int_equal(kvr_up__header_ok(&h), !(ctl || c == ':' || c == ' ' || c == '\t'));
+        h = (kvr_http_header){"X-A", 3, value, 3};
+        assert_int_equal(kvr_up__header_ok(&h), !ctl);
+    }
+    kvr_http_header empty = {"", 0, "v", 1};
+    assert_int_equal(kvr_up__header_ok(&empty), 0);
+    kvr_http_header novalue = {"X", 1, "", 0};
+    assert_int_equal(kvr_up__header_ok(&novalue), 1);
+}
+
 /* A pooled connection whose worker drops the next request unanswered (its keep-alive close
  * crossed our write): the request is re-sent once on a fresh connection and succeeds; the
  * caller sees one clean attempt (nginx's and Envoy's rule; libcurl does the same). */
@@ -1584,6 +1604,7 @@ int main(void)
         T(test_handle_reuse_across_methods),
         T(test_many_headers),
         T(test_bad_input),
+        cmocka_unit_test(test_header_bytes_every_value),
         T(test_stale_pooled_connection_resent),
         T(test_fresh_connection_closed_is_reset),
         T(test_one_byte_at_a_time),
