@@ -403,6 +403,13 @@ static void handler(kvr_http_req *r, void *ud)
         check(f, strchr(kvr_http_req_peer(r), ':') != NULL, "peer is ip:port");
         check(f, kvr_http_req_start_ns(r) > 0, "start_ns set");
         kvr_http_resp_simple(r, 200, "text/plain", NULL, 0, out, n);
+    } else if (strcmp(path, "/badhdr") == 0) {
+        /* values that would split the response (CR, LF, NUL anywhere), beside good ones */
+        kvr_http_header h[] = {{"X-Good", 6, "a b\tc", 5},        {"X-Cr", 4, "a\rb", 3},
+                               {"X-Lf", 4, "\nX-Injected: 1", 15}, {"X-Nul", 5, "ab\0", 3},
+                               {"X-Last", 6, "long value, no CR or LF at all", 30},
+                               {"X-Empty", 7, "", 0}};
+        kvr_http_resp_simple(r, 200, "text/plain", h, sizeof(h) / sizeof(h[0]), "ok", 2);
     } else if (strcmp(path, "/noresp") == 0) {
         kvr_http_resp_end(r);
     } else if (strcmp(path, "/overflow") == 0) {
@@ -988,6 +995,34 @@ static void test_long_target_and_header_order(void **state)
     fx_stop(&f);
 }
 
+/* A response header whose value holds CR, LF or NUL is dropped (it would split the response);
+ * the others are sent as given. */
+static void test_response_header_values_checked(void **state)
+{
+    (void)state;
+    fx f;
+    kvr_http_limits l;
+    limits_small(&l);
+    fx_start(&f, &l);
+    cli c;
+    cli_open(&c, f.port);
+    resp r;
+    cli_sends(&c, "GET /badhdr HTTP/1.1\r\nHost: h\r\n\r\n");
+    assert_int_equal(cli_read_resp(&c, &r), 0);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.head, "\r\nX-Good: a b\tc\r\n"));
+    assert_non_null(strstr(r.head, "\r\nX-Last: long value, no CR or LF at all\r\n"));
+    assert_non_null(strstr(r.head, "\r\nX-Empty: \r\n"));
+    assert_null(strstr(r.head, "X-Cr"));
+    assert_null(strstr(r.head, "X-Lf"));
+    assert_null(strstr(r.head, "X-Injected"));
+    assert_null(strstr(r.head, "X-Nul"));
+    assert_int_equal(r.body_len, 2);
+    resp_free(&r);
+    cli_close(&c);
+    fx_stop(&f);
+}
+
 static void test_body_at_limit(void **state)
 {
     (void)state;
@@ -1550,6 +1585,7 @@ int main(void)
         cmocka_unit_test(test_b1_rejections),
         cmocka_unit_test(test_b1_accepted),
         cmocka_unit_test(test_body_at_limit),
+        cmocka_unit_test(test_response_header_values_checked),
         cmocka_unit_test(test_long_target_and_header_order),
         cmocka_unit_test(test_fragmented_request),
         cmocka_unit_test(test_pipelining),
