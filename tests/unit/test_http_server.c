@@ -995,17 +995,23 @@ static void test_long_target_and_header_order(void **state)
     fx_stop(&f);
 }
 
+/* A server with the small limits and one client connected to it. */
+static void start_small(fx *f, cli *c)
+{
+    kvr_http_limits l;
+    limits_small(&l);
+    fx_start(f, &l);
+    cli_open(c, f->port);
+}
+
 /* A response header whose value holds CR, LF or NUL is dropped (it would split the response);
  * the others are sent as given. */
 static void test_response_header_values_checked(void **state)
 {
     (void)state;
     fx f;
-    kvr_http_limits l;
-    limits_small(&l);
-    fx_start(&f, &l);
     cli c;
-    cli_open(&c, f.port);
+    start_small(&f, &c);
     resp r;
     cli_sends(&c, "GET /badhdr HTTP/1.1\r\nHost: h\r\n\r\n");
     assert_int_equal(cli_read_resp(&c, &r), 0);
