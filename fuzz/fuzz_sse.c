@@ -15,8 +15,8 @@
  * chat or completions bodies are read in place without a tree (usage.h
  * kvr_usage_tree_only). Every mode is also run with kvr_usage_tree_only set, every event
  * through a jansson tree: the reference. Counts, response id and reply must be the same, but
- * for one case: a JSON body that is no JSON text yet ends in a usage object is counted when
- * only the counts are read (usage.c usage_tail()), where the tree reads nothing.
+ * for one case: a JSON body that is no JSON text yet ends in a usage object is counted
+ * (usage.c usage_tail()), where the tree reads nothing.
  *
  * Not checked: that token counts are non-negative. usage.h reports the worker's numbers as
  * sent (a negative one included); the metrics layer refuses to decrement a counter
@@ -117,8 +117,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             scan(&ref, sse, cap, mode, p, size, cuts, ncuts);
             kvr_usage_tree_only = 0;
             /* usage.c usage_tail(): an answer that is no JSON text but ends in a usage
-             * object is counted where the tree counts nothing. */
-            int lenient = !sse && mode == 0 && whole.found && !ref.found;
+             * object is counted where the tree counts nothing (not as Messages). */
+            int lenient = !sse && mode != 2 && whole.found && !ref.found;
             if (lenient) {
                 json_t *j = kvr_json_read(p, size, NULL);
                 lenient = j == NULL;

@@ -581,10 +581,17 @@ void kvr_usage_feed(kvr_usage *u, const char *data, size_t len)
 
 void kvr_usage_finish(kvr_usage *u)
 {
-    if (!u->sse && !u->overflow && u->buf.len &&
-        !(usage_only(u) && usage_tail(u, u->buf.data, u->buf.len)) &&
-        !take_in_place(u, u->buf.data, u->buf.len))
+    if (u->sse || u->overflow || !u->buf.len)
+        return;
+    if (usage_only(u) && usage_tail(u, u->buf.data, u->buf.len))
+        return;
+    if (!take_in_place(u, u->buf.data, u->buf.len))
         take(u, u->buf.data, u->buf.len);
+    /* The counts must not depend on what else is read (the route's policy): an answer the
+     * whole reading could not take (no JSON text, nested deeper than KVR_JSON_MAX_DEPTH) still
+     * gives the usage object it ends with, as when only the counts are read. */
+    if (!u->found && !u->messages && !kvr_usage_tree_only)
+        usage_tail(u, u->buf.data, u->buf.len);
 }
 
 void kvr_usage_free(kvr_usage *u)

@@ -387,6 +387,32 @@ static void test_counts_only_from_the_end_equal_tree(void **state)
     assert_int_equal(b.found, 1);
     assert_int_equal(b.prompt, 11);
     kvr_usage_free(&b);
+    /* The same whatever else is read (the reply for completion teaching, a response id):
+     * the counts do not depend on the route's policy. Also for valid JSON nested deeper than
+     * the scanner and the tree go. */
+    char deep[5000];
+    size_t dn = (size_t)snprintf(deep, sizeof(deep), "{\"choices\":[],\"a\":");
+    for (int i = 0; i < 2100; i++)
+        deep[dn++] = '[';
+    for (int i = 0; i < 2100; i++)
+        deep[dn++] = ']';
+    dn += (size_t)snprintf(deep + dn, sizeof(deep) - dn,
+                           ",\"usage\":{\"prompt_tokens\":27,\"completion_tokens\":19}}");
+    const char *const odd[] = {broken, deep};
+    const size_t oddlen[] = {strlen(broken), dn};
+    for (int i = 0; i < 2; i++) {
+        for (int want = 0; want < 3; want++) {
+            kvr_usage_init(&b, 0, 1u << 20, want == 2);
+            if (want == 1)
+                kvr_usage_want_reply(&b, 4096);
+            kvr_usage_feed(&b, odd[i], oddlen[i]);
+            kvr_usage_finish(&b);
+            assert_int_equal(b.found, 1);
+            assert_int_equal(b.prompt, i ? 27 : 11);
+            assert_int_equal(b.completion, i ? 19 : 3);
+            kvr_usage_free(&b);
+        }
+    }
     /* ...but not a usage object that is itself no JSON */
     const char *bad_usage = "{\"usage\":{\"prompt_tokens\":1,,}}";
     kvr_usage_init(&b, 0, 1u << 20, 0);
