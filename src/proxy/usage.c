@@ -317,7 +317,8 @@ static int usage_byte(unsigned char c)
 /* take_usage_scan() for an answer whose last top-level member is a "usage" object, as chat
  * and completions answers of vLLM, SGLang and OpenAI end: that object is found walking back
  * from the end, without scanning the reply and choices before it (on a 285-byte answer, ~3.7 K
- * instructions of the ~37 K kvroute spends per round_robin request). The usage object itself
+ * instructions of the ~37 K kvroute spends per round_robin request). Also the counts of an
+ * answer the whole reading could not take (kvr_usage_finish()). The usage object itself
  * is still scanned (and must be JSON); the bytes before its key are not: an answer that is no
  * JSON text but ends in `"usage":{…}}` is counted, where the scan from the start counts
  * nothing (the client receives it either way). Returns 1 when read, 0 when the answer does
