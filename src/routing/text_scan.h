@@ -36,9 +36,10 @@
  *  bytes. Not thread-safe: one per event loop. Create with kvr_text_cache_new(). */
 typedef struct kvr_text_cache kvr_text_cache;
 
-/** Smallest message, raw bytes as written, whose text kvroute keeps (a shorter one decodes
- *  in about the time its lookup takes). */
-#define KVR_TEXT_MEMO_MIN 128
+/** Smallest message, raw bytes as written, whose text kvroute keeps. A 64- to 127-byte
+ *  message (a short user turn, a tool's small result) costs ~2 K instructions to validate and
+ *  decode again on every turn, its lookup a few hundred; below 64 bytes the two meet. */
+#define KVR_TEXT_MEMO_MIN 64
 
 /** A new empty cache keeping the texts of messages of at least `memo_min` raw bytes in at
  *  most `memo_bytes` bytes (texts and their bookkeeping; 0 keeps none: tools sections
