@@ -934,9 +934,10 @@ void kvr_prefix_keys_free(kvr_prefix_keys *k)
 
 /* Binds the chain to `text` (chain_bind), starting from a request's kept keys when they are
  * for this block size: the keys of the text's full blocks the request hashed before (a prefix
- * of them when the text is shorter now). The chain then names no text of its own (chain_len
- * 0): a later call without kept keys hashes again. Returns `kept` when it was used (the
- * call's new keys go back there, kept_save), else NULL. */
+ * of them when the text is shorter now). When they are the chain's own, the chain keeps its
+ * text and compares only past them; else it takes them and names no text (chain_len 0), and a
+ * later call without kept keys hashes again. Returns `kept` when it was used (the call's new
+ * keys go back there, kept_save), else NULL. */
 static kvr_prefix_keys *bind_text(kvr_prefix_index *ix, const void *text, size_t len,
                                   kvr_prefix_keys *kept)
 {

@@ -584,14 +584,15 @@ void kvr_usage_finish(kvr_usage *u)
 {
     if (u->sse || u->overflow || !u->buf.len)
         return;
-    if (usage_only(u) && usage_tail(u, u->buf.data, u->buf.len))
+    int tried = usage_only(u);
+    if (tried && usage_tail(u, u->buf.data, u->buf.len))
         return;
     if (!take_in_place(u, u->buf.data, u->buf.len))
         take(u, u->buf.data, u->buf.len);
     /* The counts must not depend on what else is read (the route's policy): an answer the
      * whole reading could not take (no JSON text, nested deeper than KVR_JSON_MAX_DEPTH) still
-     * gives the usage object it ends with, as when only the counts are read. */
-    if (!u->found && !u->messages && !kvr_usage_tree_only)
+     * gives the usage object it ends with, as when only the counts are read (tried above). */
+    if (!u->found && !tried && !u->messages && !kvr_usage_tree_only)
         usage_tail(u, u->buf.data, u->buf.len);
 }
 
