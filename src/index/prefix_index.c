@@ -1083,15 +1083,30 @@ static inline __attribute__((always_inline)) void prefetch_buckets(const kvr_pre
 
 /* Records the first `m` keys of ix->chain (already within the worker's cap) under worker
  * slot `wi`: the common part of insert and insert_keys. */
-static int insert_chain(kvr_prefix_index *ix, uint32_t wi, size_t m, size_t cap);
+static int insert_chain(kvr_prefix_index *ix, uint32_t wi, size_t m, size_t cap, int new_only);
 
 int kvr_prefix_index_insert(kvr_prefix_index *ix, size_t worker, const void *text, size_t len)
 {
     return kvr_prefix_index_insert_kept(ix, worker, text, len, NULL);
 }
 
+static int insert_text(kvr_prefix_index *ix, size_t worker, const void *text, size_t len,
+                       kvr_prefix_keys *kept, int new_only);
+
 int kvr_prefix_index_insert_kept(kvr_prefix_index *ix, size_t worker, const void *text,
                                  size_t len, kvr_prefix_keys *kept)
+{
+    return insert_text(ix, worker, text, len, kept, 0);
+}
+
+int kvr_prefix_index_insert_new(kvr_prefix_index *ix, size_t worker, const void *text,
+                                size_t len, kvr_prefix_keys *kept)
+{
+    return insert_text(ix, worker, text, len, kept, 1);
+}
+
+static int insert_text(kvr_prefix_index *ix, size_t worker, const void *text, size_t len,
+                       kvr_prefix_keys *kept, int new_only)
 {
     if (!len)
         return 0;
@@ -1110,7 +1125,7 @@ int kvr_prefix_index_insert_kept(kvr_prefix_index *ix, size_t worker, const void
         return -1;
     if (kept)
         kept_save(ix, len, kept);
-    return insert_chain(ix, wi, m, cap);
+    return insert_chain(ix, wi, m, cap, new_only);
 }
 
 int kvr_prefix_index_insert_keys(kvr_prefix_index *ix, size_t worker, const uint64_t *keys,
@@ -1130,7 +1145,7 @@ int kvr_prefix_index_insert_keys(kvr_prefix_index *ix, size_t worker, const uint
     if (grow_chain(ix, m) < 0)
         return -1;
     memcpy(ix->chain, keys, m * sizeof(*keys));
-    return insert_chain(ix, wi, m, cap);
+    return insert_chain(ix, wi, m, cap, 0);
 }
 
 /* Touches the first `h` blocks of the chain, which worker slot `wi` holds, making block 0 its
@@ -1222,18 +1237,95 @@ static int touch_run(kvr_prefix_index *ix, uint32_t wi, size_t h)
 
 static int insert_blocks(kvr_prefix_index *ix, uint32_t wi, size_t from, size_t m, size_t cap);
 
-static int insert_chain(kvr_prefix_index *ix, uint32_t wi, size_t m, size_t cap)
+/* kvr_prefix_index_insert_new's placement: blocks [h, m), just pushed to the head of the
+ * worker's list by insert_blocks, move as one stretch to right behind block h-1's holding and
+ * take its stamp. So they rank just below their ancestors, in the order a full touch would
+ * leave them, and no held block is read. The stretch is found from the head (a cuckoo walk
+ * may have moved a slot insert_blocks recorded). 0, or -1 (nothing moved) when the head is
+ * not that stretch: the caller then touches the held run as insert does. */
+static int place_behind(kvr_prefix_index *ix, uint32_t wi, size_t h, size_t m)
+{
+    wrec *w = &ix->w[wi];
+    uint32_t *id = ix->touch;
+    uint32_t b = w->head;
+    for (size_t k = h; k < m; k++) {
+        if (k > h)
+            b = at(ix, b)->next;
+        if (b == NIL || KW_FP(at(ix, b)->kw) != fp_of(ix->chain[k]))
+            return -1;
+        id[k] = b;
+    }
+    kfind f;
+    key_find(ix, fp_of(ix->chain[h - 1]), wi, &f);
+    if (f.slot == NIL)
+        return -1;
+    uint32_t x = f.slot, a = id[h];
+    /* unlink the stretch a..b from the head (x, not in it, keeps the list non-empty) */
+    w->head = at(ix, b)->next;
+    at(ix, w->head)->prev = NIL;
+    /* and link it after x */
+    slot *sx = at(ix, x);
+    at(ix, a)->prev = x;
+    at(ix, b)->next = sx->next;
+    if (sx->next != NIL)
+        at(ix, sx->next)->prev = b;
+    else
+        w->tail = b;
+    sx->next = a;
+    uint32_t st = ix->sh[x >> LOCAL_BITS].st[x & LOCAL_MASK];
+    for (size_t k = h; k < m; k++)
+        ix->sh[id[k] >> LOCAL_BITS].st[id[k] & LOCAL_MASK] = st;
+    return 0;
+}
+
+/* Room for kvr_prefix_index_insert_new's blocks: evicts the worker's least recent holdings
+ * until `want` of them fit its cap, while they are not blocks of this text (whose held run the
+ * insert leaves where it is, so it may be among them). Stops at the first that is: the insert
+ * then touches the run as a full insert does, whose rule evicts these same blocks first.
+ * -1 when memory ran out. */
+static int make_room_behind(kvr_prefix_index *ix, uint32_t wi, size_t m, size_t want,
+                            size_t cap)
+{
+    wrec *w = &ix->w[wi];
+    if (want <= cap)
+        return 0;
+    size_t need = want - cap;
+    /* A few victims are checked against the chain directly; more pay for its set once. */
+    int set = need > 4;
+    if (set && cset_build(ix, m) < 0)
+        return -1;
+    for (; need; need--) {
+        uint64_t fp = KW_FP(at(ix, w->tail)->kw);
+        size_t k = 0;
+        while (!set && k < m && fp_of(ix->chain[k]) != fp)
+            k++;
+        if (set ? cset_has(ix, fp) : k < m)
+            return 0;
+        evict_one(ix, wi);
+    }
+    return 0;
+}
+
+static int insert_chain(kvr_prefix_index *ix, uint32_t wi, size_t m, size_t cap, int new_only)
 {
     /* The usual insert repeats a text the worker mostly holds (the next turn of its
      * conversation): only the blocks past its held run are looked up one by one. */
     size_t h = ix->w[wi].count ? held_run(ix, wi, NULL, 0, m) : 0;
     if (grow_touch(ix, m) < 0)
         return -1;
+    new_only = new_only && h;
+    if (new_only && h == m)
+        return 0;
+    if (new_only && make_room_behind(ix, wi, m, ix->w[wi].count + (m - h), cap) < 0)
+        return -1;
+    new_only = new_only && ix->w[wi].count + (m - h) <= cap;
     int rc = insert_blocks(ix, wi, h, m, cap);
-    if (rc == 0 && h && touch_run(ix, wi, h) < 0)
+    if (rc == 0 && h && !(new_only && place_behind(ix, wi, h, m) == 0) &&
+        touch_run(ix, wi, h) < 0)
         rc = insert_blocks(ix, wi, 0, h, cap);
     /* touch[] now names blocks 0..m-1's slots (insert_blocks records those it finds or
-     * places): the reply's insert that usually follows reuses them. */
+     * places; after place_behind, blocks 0..h-1's are the last insert's, a hint checked on
+     * use): the reply's insert that usually follows reuses them. */
     ix->touch_n = rc == 0 ? m : 0;
     ix->touch_w = wi;
     while (ix->w[wi].count > cap)

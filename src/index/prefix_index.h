@@ -11,10 +11,13 @@
  * Entries are (key, worker) pairs ("holdings"), each with its own position in that worker's LRU
  * list. Inserting a text touches its blocks from the last to the first, so every block is more
  * recent than its descendants: a worker's least recently used block is always a leaf, shared
- * prefixes outlive their tails, and what a worker holds is always prefix-closed.
+ * prefixes outlive their tails, and what a worker holds is always prefix-closed. (An insert of
+ * new blocks only, kvr_prefix_index_insert_new, places them right behind their held parent
+ * instead: the same order holds.)
  *
- * Every holding carries a use stamp: the number of the insert call that last touched it (a
- * 32-bit clock per index, compared in serial-number order). Stamps never decrease from a
+ * Every holding carries a use stamp: the number of the insert call that last touched it, or
+ * its parent's when placed behind it (a 32-bit clock per index, compared in serial-number
+ * order). Stamps never decrease from a
  * worker's LRU tail to its head, nor from a block to its ancestors. A snapshot of the stamps of
  * the blocks a worker matched, taken when a request is routed there, lets a later correction
  * drop what that worker held no later than a given block as it was then, even though the
@@ -177,6 +180,17 @@ int kvr_prefix_index_insert(kvr_prefix_index *ix, size_t worker, const void *tex
  *  exactly kvr_prefix_index_insert()). Same effect and return. */
 int kvr_prefix_index_insert_kept(kvr_prefix_index *ix, size_t worker, const void *text,
                                  size_t len, kvr_prefix_keys *kept);
+/** kvr_prefix_index_insert_kept() for a teach that a fuller one of the same text follows
+ *  soon (a request's prompt when its answer starts; its reply's end teaches prompt + reply):
+ *  records the blocks `worker` does not hold yet and leaves the recency of the leading run it
+ *  holds alone. The new blocks go right behind the run's last block, with its use stamp, so
+ *  each block stays at least as recent as its descendants (what evicts the deepest first and
+ *  keeps holdings prefix-closed) and the cost is O(log held + new blocks) instead of one
+ *  touch per held block. It refreshes nothing when the worker holds every block. Where the
+ *  worker holds no leading block, or the new blocks would not fit its cap without evicting,
+ *  it is exactly kvr_prefix_index_insert_kept(). Same return. */
+int kvr_prefix_index_insert_new(kvr_prefix_index *ix, size_t worker, const void *text,
+                                size_t len, kvr_prefix_keys *kept);
 
 /** As kvr_prefix_index_insert for a text whose block keys (kvr_prefix_index_block_keys with
  *  this index's block_bytes, `n` of them, in order) were computed elsewhere: what another

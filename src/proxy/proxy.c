@@ -66,6 +66,8 @@ typedef struct preq {
     int verdict;          /* the current attempt's breaker verdict was given */
     int body_pending;     /* the response is relayed: free the body once it is all sent */
     int teach_reply;      /* keys kept until the reply is complete (completion teaching) */
+    int refresh_owed;     /* the first byte taught only new blocks: the prompt's held run is
+                             refreshed by the reply's teach, or by refresh_prompt() */
     int correct;          /* the approximate index over-/under-predicted: correct it */
     int prefilling;       /* counted in w->prefilling (taught, first body byte not seen) */
     int unsettled;        /* w had prefilling attempts when this one was sent */
@@ -424,10 +426,22 @@ static void teach_reply(preq *p)
     if (reply && kvr_route_text_append_reply(&p->keys.text, (kvr_route_kind)p->ep, reply) == 1) {
         p->keys.k.text = p->keys.text.data;
         p->keys.k.text_len = p->keys.text.len;
+        p->refresh_owed = 0;
         kvr_route_teach(p->route, cache_worker(p), &p->keys.k);
         kvr_app_cluster_taught(p->app, p->route, cache_worker(p), &p->keys.k);
     }
     json_decref(reply);
+}
+
+/* The prompt's teach when the answer started recorded only new blocks (refresh_later): a
+ * request that ends without its reply's teach (no reply text, a failure, the client gone)
+ * refreshes the prompt's recency here, as that teach would have. */
+static void refresh_prompt(preq *p)
+{
+    if (!p->refresh_owed)
+        return;
+    p->refresh_owed = 0;
+    kvr_route_teach(p->route, p->w, &p->keys.k);
 }
 
 static void count_usage(preq *p)
@@ -455,6 +469,7 @@ static void on_client_gone(void *ud)
     if (p->waiter.queued)
         queue_left(p); /* gone from the queue at once, never reaching a worker */
     count_decision(p);
+    refresh_prompt(p);
     if (p->att) {
         kvr_upstream_cancel(p->att);
         kvr_app_attempt_abandon(p->app, p->w, p->trial);
@@ -614,7 +629,11 @@ static void on_headers(void *ud, int status, const kvr_http_header *h, size_t n)
     /* Teach when the 2xx headers arrive (DESIGN §10): a burst sharing a new prefix gains
      * affinity as soon as the first answer starts; failed attempts teach nothing. */
     if (ok && teaches(p)) {
+        /* When the reply's teach will follow, this one records only what is new: the whole
+         * prompt's recency is refreshed once, at the end (kvr_prefix_index_insert_new). */
+        p->keys.k.refresh_later = p->refresh_owed = p->teach_reply && p->w == cache_worker(p);
         kvr_route_teach(p->route, p->w, &p->keys.k);
+        p->keys.k.refresh_later = 0;
         kvr_app_cluster_taught(p->app, p->route, p->w, &p->keys.k);
         p->prefilling = 1;
         p->w->prefilling++;
@@ -765,6 +784,7 @@ static void fail_before_headers(preq *p, kvr_upstream_err err, const char *msg)
  * response (docs/operations.md). Frees `p`. */
 static void end_after_headers(preq *p, int status, const char *text, const char *code)
 {
+    refresh_prompt(p);
     p->final_status = p->status;
     kvr_reply_count(p->app, p->req, p->model, p->status);
     if (p->sse) {
@@ -869,6 +889,7 @@ static void on_done(void *ud, kvr_upstream_err err, const char *msg, int got_hea
         size_t prompt_len = p->keys.k.text_len;
         if (p->teach_reply)
             teach_reply(p);
+        refresh_prompt(p);
         if (p->correct)
             correct_index(p, prompt_len);
         /* count_tokens generates nothing and reports no usage: its estimate is refunded */

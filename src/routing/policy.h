@@ -21,6 +21,9 @@ typedef struct kvr_route_keys {
     kvr_prefix_keys *kept; /**< block keys of `text` kept with the request across its
                                 match and teaches (index/prefix_index.h; the text only
                                 grows meanwhile); NULL = none */
+    int refresh_later;     /**< teach only what the worker does not hold yet: a fuller
+                                teach of this text (the reply's) follows and refreshes the
+                                rest (kvr_prefix_index_insert_new) */
     const uint32_t *tokens; /**< the prompt's token ids as the engine caches them (precise
                                  policy, proxy/tokenize.h), NULL when unknown */
     size_t ntokens;

@@ -143,6 +143,51 @@ static void model_insert(model_w *w, const uint64_t *k, size_t nk)
         w->n = w->cap;
 }
 
+static size_t model_find(const model_w *w, uint64_t key)
+{
+    size_t j = 0;
+    while (j < w->n && w->keys[j] != key)
+        j++;
+    return j;
+}
+
+/* kvr_prefix_index_insert_new's contract: the blocks past the held leading run go right
+ * behind its last block, in order, and the run keeps its place; nothing moves when all are
+ * held; no held run, or a block of the text among the victims of making room: a plain
+ * insert. */
+static void model_insert_new(model_w *w, const uint64_t *k, size_t nk)
+{
+    size_t m = nk < w->cap ? nk : w->cap, h = 0;
+    while (h < m && model_find(w, k[h]) < w->n)
+        h++;
+    if (!h) {
+        model_insert(w, k, nk);
+        return;
+    }
+    /* Room first, from the tail, while the tail is no block of this text. */
+    while (w->n + (m - h) > w->cap) {
+        size_t i = 0;
+        while (i < m && k[i] != w->keys[w->n - 1])
+            i++;
+        if (i < m) {
+            model_insert(w, k, nk);
+            return;
+        }
+        w->n--;
+    }
+    for (size_t i = h; i < m; i++) { /* held past a hole: taken out, placed with the rest */
+        size_t j = model_find(w, k[i]);
+        if (j < w->n) {
+            memmove(w->keys + j, w->keys + j + 1, (w->n - j - 1) * sizeof(uint64_t));
+            w->n--;
+        }
+    }
+    size_t p = model_find(w, k[h - 1]) + 1;
+    memmove(w->keys + p + (m - h), w->keys + p, (w->n - p) * sizeof(uint64_t));
+    memcpy(w->keys + p, k + h, (m - h) * sizeof(uint64_t));
+    w->n += m - h;
+}
+
 static size_t model_match(const model_w *w, const uint64_t *k, size_t nk, size_t len)
 {
     size_t i;
@@ -176,10 +221,15 @@ static size_t make_text(char *buf, uint64_t r)
  * then matches it against every worker of both. */
 static void teach_checked(kvr_prefix_index *ix, model_w *mw, size_t nw, size_t *ws,
                           size_t *got, size_t to, const char *buf, size_t n,
-                          const uint64_t *keys, size_t nk)
+                          const uint64_t *keys, size_t nk, int new_only)
 {
-    assert_int_equal(kvr_prefix_index_insert(ix, to, buf, n), 0);
-    model_insert(&mw[to], keys, nk);
+    if (new_only) {
+        assert_int_equal(kvr_prefix_index_insert_new(ix, to, buf, n, NULL), 0);
+        model_insert_new(&mw[to], keys, nk);
+    } else {
+        assert_int_equal(kvr_prefix_index_insert(ix, to, buf, n), 0);
+        model_insert(&mw[to], keys, nk);
+    }
     assert_int_equal(kvr_prefix_index_worker_blocks(ix, to), mw[to].n);
     kvr_prefix_index_match(ix, buf, n, ws, nw, got);
     for (size_t i = 0; i < nw; i++)
@@ -224,7 +274,9 @@ static void run_model(size_t nw, size_t cap, int rounds, uint64_t seed)
          * match hashed (and, for a worker holding most of it, touches the held run at once). */
         if (x & 1) {
             size_t to = (x >> 20) % nw;
-            teach_checked(ix, mw, nw, ws, got, to, buf, n, keys, nk);
+            /* When the reply's teach follows, the prompt's records only new blocks (as
+             * the proxy teaches when an answer starts), half of the time. */
+            teach_checked(ix, mw, nw, ws, got, to, buf, n, keys, nk, (x & 2) && (x & 8));
             /* Its reply taught next, as completion teaching does: the same text grown, on the
              * same worker (whose insert reuses the slots the first one left), now and then
              * after another worker's insert that moved slots meanwhile. */
@@ -234,14 +286,16 @@ static void run_model(size_t nw, size_t cap, int rounds, uint64_t seed)
                     uint64_t okeys[64];
                     size_t on = make_text(other, x ^ 0x9e3779b97f4a7c15ull);
                     size_t onk = kvr_prefix_index_block_keys(B, other, on, okeys, 64);
-                    size_t ow = (to + 1) % nw;
+                    /* After a prompt taught new blocks only, on its own worker too: that
+                     * insert's evictions meet the run the first one left unrefreshed. */
+                    size_t ow = (x & 16) ? to : (to + 1) % nw;
                     assert_int_equal(kvr_prefix_index_insert(ix, ow, other, on), 0);
                     model_insert(&mw[ow], okeys, onk);
                 }
                 size_t n2 = n + 1 + (x >> 50) % 150;
                 fill(buf + n, n2 - n, x);
                 nk = kvr_prefix_index_block_keys(B, buf, n2, keys, 64);
-                teach_checked(ix, mw, nw, ws, got, to, buf, n2, keys, nk);
+                teach_checked(ix, mw, nw, ws, got, to, buf, n2, keys, nk, 0);
             }
         }
     }
@@ -559,6 +613,57 @@ static void smodel_insert(smodel *w, const uint64_t *k, size_t nk, uint64_t cloc
         w->n = w->cap;
 }
 
+static size_t smodel_find(const smodel *w, uint64_t key)
+{
+    size_t j = 0;
+    while (j < w->n && w->keys[j] != key)
+        j++;
+    return j;
+}
+
+static void smodel_drop(smodel *w, size_t j)
+{
+    memmove(w->keys + j, w->keys + j + 1, (w->n - j - 1) * sizeof(uint64_t));
+    memmove(w->st + j, w->st + j + 1, (w->n - j - 1) * sizeof(uint64_t));
+    w->n--;
+}
+
+/* model_insert_new with stamps: the placed blocks take the stamp of the held run's last. */
+static void smodel_insert_new(smodel *w, const uint64_t *k, size_t nk, uint64_t clock)
+{
+    size_t m = nk < w->cap ? nk : w->cap, h = 0;
+    while (h < m && smodel_find(w, k[h]) < w->n)
+        h++;
+    if (h == m)
+        return;
+    int plain = !h;
+    while (!plain && w->n + (m - h) > w->cap) {
+        size_t i = 0;
+        while (i < m && k[i] != w->keys[w->n - 1])
+            i++;
+        if (i < m)
+            plain = 1;
+        else
+            w->n--;
+    }
+    if (plain) {
+        smodel_insert(w, k, nk, clock);
+        return;
+    }
+    for (size_t i = h; i < m; i++)
+        if (smodel_find(w, k[i]) < w->n)
+            smodel_drop(w, smodel_find(w, k[i]));
+    size_t p = smodel_find(w, k[h - 1]);
+    uint64_t st = w->st[p++];
+    memmove(w->keys + p + (m - h), w->keys + p, (w->n - p) * sizeof(uint64_t));
+    memmove(w->st + p + (m - h), w->st + p, (w->n - p) * sizeof(uint64_t));
+    for (size_t i = h; i < m; i++) {
+        w->keys[p + i - h] = k[i];
+        w->st[p + i - h] = st;
+    }
+    w->n += m - h;
+}
+
 static int smodel_stamp(const smodel *w, uint64_t key, uint64_t *st)
 {
     for (size_t j = 0; j < w->n; j++)
@@ -621,8 +726,13 @@ static void test_corrections_match_model(void **state)
         }
         size_t nk = kvr_prefix_index_block_keys(B, buf, n, keys, 80);
         size_t w = (x >> 40) % NW;
-        assert_int_equal(kvr_prefix_index_insert(ix, w, buf, n), 0);
-        smodel_insert(&mw[w], keys, nk, ++clock);
+        if (x % 3 == 1) { /* a prompt's teach when its answer starts: new blocks only */
+            assert_int_equal(kvr_prefix_index_insert_new(ix, w, buf, n, NULL), 0);
+            smodel_insert_new(&mw[w], keys, nk, ++clock);
+        } else {
+            assert_int_equal(kvr_prefix_index_insert(ix, w, buf, n), 0);
+            smodel_insert(&mw[w], keys, nk, ++clock);
+        }
         assert_int_equal(kvr_prefix_index_worker_blocks(ix, w), mw[w].n);
 
         /* A pick: snapshot of a random text on a worker that matches it. */
@@ -984,6 +1094,66 @@ static void test_kept_keys_same_as_plain(void **state)
         kvr_prefix_keys_free(&r[i].kept);
 }
 
+/* A prompt's teach when its answer starts (kvr_prefix_index_insert_new): the blocks past the
+ * held run rank right behind it, with its stamp; the run keeps its place. */
+static void test_insert_new_places_behind(void **state)
+{
+    (void)state;
+    kvr_prefix_index *ix = mk(1u << 20, 0);
+    char p[14 * B], q[5 * B];
+    fill(p, sizeof(p), 11);
+    fill(q, sizeof(q), 12);
+    assert_int_equal(kvr_prefix_index_insert(ix, 0, p, 10 * B), 0); /* the conversation */
+    assert_int_equal(kvr_prefix_index_insert(ix, 0, q, sizeof(q)), 0); /* another, later */
+    /* The next turn: 3 blocks more. Nothing held moves, so the conversation stays older than
+     * q, and its new blocks are the least recent of all. */
+    assert_int_equal(kvr_prefix_index_insert_new(ix, 0, p, 13 * B, NULL), 0);
+    assert_int_equal(kvr_prefix_index_worker_blocks(ix, 0), 18);
+    assert_int_equal(match1(ix, 0, p, 13 * B), 13 * B);
+    kvr_prefix_use u, uq;
+    assert_int_equal(match1(ix, 0, p, 13 * B), 13 * B);
+    kvr_prefix_index_match_use(ix, 0, 13 * B, &u);
+    assert_int_equal(u.runs, 1); /* one stamp along the chain: the run's */
+    assert_int_equal(u.end[0], 13);
+    assert_int_equal(match1(ix, 0, q, sizeof(q)), sizeof(q));
+    kvr_prefix_index_match_use(ix, 0, sizeof(q), &uq);
+    assert_true((int32_t)(uq.stamp[0] - u.stamp[0]) > 0);
+    /* Shrinking the worker evicts the deepest blocks first: the new ones, then the run's
+     * tail, never q (more recent) and never leaving a hole. */
+    assert_int_equal(kvr_prefix_index_set_worker_capacity(ix, 0, 15), 0);
+    assert_int_equal(match1(ix, 0, p, 13 * B), 10 * B);
+    assert_int_equal(match1(ix, 0, q, sizeof(q)), sizeof(q));
+    assert_int_equal(kvr_prefix_index_set_worker_capacity(ix, 0, 12), 0);
+    assert_int_equal(match1(ix, 0, p, 13 * B), 7 * B);
+    assert_int_equal(match1(ix, 0, q, sizeof(q)), sizeof(q));
+    /* All held: nothing is refreshed. A full insert then makes it the most recent. */
+    assert_int_equal(kvr_prefix_index_insert_new(ix, 0, p, 7 * B, NULL), 0);
+    assert_int_equal(kvr_prefix_index_set_worker_capacity(ix, 0, 11), 0);
+    assert_int_equal(match1(ix, 0, p, 13 * B), 6 * B);
+    assert_int_equal(kvr_prefix_index_insert(ix, 0, p, 6 * B), 0);
+    assert_int_equal(kvr_prefix_index_set_worker_capacity(ix, 0, 8), 0);
+    assert_int_equal(match1(ix, 0, p, 13 * B), 6 * B);
+    assert_int_equal(match1(ix, 0, q, sizeof(q)), 2 * B);
+    /* Making room for new blocks under the cap takes the least recent holdings outside the
+     * text: q's tail here, while the run stays where it was. */
+    assert_int_equal(kvr_prefix_index_insert_new(ix, 0, p, 8 * B, NULL), 0);
+    assert_int_equal(match1(ix, 0, p, 13 * B), 8 * B);
+    assert_int_equal(match1(ix, 0, q, sizeof(q)), 0);
+    /* Blocks past the cap are not recorded, as by kvr_prefix_index_insert: all held here. */
+    assert_int_equal(kvr_prefix_index_insert_new(ix, 0, p, 12 * B, NULL), 0);
+    assert_int_equal(kvr_prefix_index_worker_blocks(ix, 0), 8);
+    assert_int_equal(match1(ix, 0, p, 13 * B), 8 * B);
+    /* When the least recent holding is the text's own (the run's tail, placed behind it), it
+     * is a full insert: the other text goes, the whole text stays, within the cap. */
+    assert_int_equal(kvr_prefix_index_set_worker_capacity(ix, 0, 10), 0);
+    assert_int_equal(kvr_prefix_index_insert(ix, 0, q, B), 0);
+    assert_int_equal(kvr_prefix_index_insert_new(ix, 0, p, 10 * B, NULL), 0);
+    assert_int_equal(kvr_prefix_index_worker_blocks(ix, 0), 10);
+    assert_int_equal(match1(ix, 0, p, 13 * B), 10 * B);
+    assert_int_equal(match1(ix, 0, q, sizeof(q)), 0);
+    kvr_prefix_index_destroy(ix);
+}
+
 static void test_kv_tokens_conversion(void **state)
 {
     (void)state;
@@ -1008,6 +1178,7 @@ int main(void)
         cmocka_unit_test(test_global_cap_shared),
         cmocka_unit_test(test_extended_text_keys),
         cmocka_unit_test(test_kept_keys_same_as_plain),
+        cmocka_unit_test(test_insert_new_places_behind),
         cmocka_unit_test(test_kv_tokens_conversion),
         cmocka_unit_test(test_corrections_match_model),
         cmocka_unit_test(test_correct_semantics),
