@@ -54,7 +54,14 @@ struct kvr_text_cache {
     memo_ent *head, *tail;
     size_t bytes, max_bytes, min_raw;
     uint64_t seed, mhits, mmisses;
+    uint64_t evictions;    /* messages' texts dropped so far: a scan's hit is still there
+                              when its text is built if none was dropped meanwhile */
 };
+
+/* kvr_json_elem.keyed as memo_known sets it: key = the bytes' hash (a miss), or the entry
+ * found and the eviction count then (a hit). */
+#define KEYED_HASH 1
+#define KEYED_ENTRY 2
 
 /* Budget bytes per bucket: texts are ~1 KB and up, so chains stay short. */
 #define MEMO_BYTES_PER_BUCKET 1024u
@@ -149,13 +156,19 @@ static memo_ent *memo_peek(const kvr_text_cache *c, XXH128_hash_t key)
     return NULL;
 }
 
-static memo_ent *memo_find(kvr_text_cache *c, XXH128_hash_t key)
+static void memo_touch(kvr_text_cache *c, memo_ent *e)
 {
-    memo_ent *e = memo_peek(c, key);
-    if (e && c->head != e) {
+    if (c->head != e) {
         lru_unlink(c, e);
         lru_push(c, e);
     }
+}
+
+static memo_ent *memo_find(kvr_text_cache *c, XXH128_hash_t key)
+{
+    memo_ent *e = memo_peek(c, key);
+    if (e)
+        memo_touch(c, e);
     return e;
 }
 
@@ -200,12 +213,17 @@ static int memo_known(void *ctx, const char *p, size_t n, kvr_json_elem *el)
 {
     kvr_text_cache *c = ctx;
     XXH128_hash_t key = XXH3_128bits_withSeed(p, n, c->seed);
-    el->key[0] = key.low64;
-    el->key[1] = key.high64;
-    el->keyed = 1;
-    const memo_ent *e = memo_peek(c, key);
-    if (!e)
+    memo_ent *e = memo_peek(c, key);
+    if (!e) {
+        el->key[0] = key.low64;
+        el->key[1] = key.high64;
+        el->keyed = KEYED_HASH;
         return 0;
+    }
+    /* The entry itself goes back: the text's build takes it without a second lookup. */
+    el->key[0] = (uint64_t)(uintptr_t)e;
+    el->key[1] = c->evictions;
+    el->keyed = KEYED_ENTRY;
     el->role = e->role;
     /* The scan guesses right before it asks: a hit on the guessed bytes is remembered. */
     if (p != c->guess_p || n != c->guess_n)
@@ -232,6 +250,7 @@ static void memo_evict_tail(kvr_text_cache *c)
     *pp = e->hnext;
     lru_unlink(c, e);
     c->bytes -= memo_cost(e->len);
+    c->evictions++;
     free(e);
 }
 
@@ -476,13 +495,20 @@ static void put_message_memo(ctx *c, const kvr_json_span *msg, const kvr_json_el
         return;
     }
     XXH128_hash_t key; /* the scan's, when it hashed these bytes (kvr_text_cache_known) */
-    if (el && el->keyed) {
-        key.low64 = el->key[0];
-        key.high64 = el->key[1];
+    memo_ent *e;
+    if (el && el->keyed == KEYED_ENTRY && el->key[1] == cache->evictions) {
+        e = (memo_ent *)(uintptr_t)el->key[0];
+        key = e->key;
+        memo_touch(cache, e);
     } else {
-        key = XXH3_128bits_withSeed(c->buf + msg->off, msg->len, cache->seed);
+        if (el && el->keyed == KEYED_HASH) {
+            key.low64 = el->key[0];
+            key.high64 = el->key[1];
+        } else {
+            key = XXH3_128bits_withSeed(c->buf + msg->off, msg->len, cache->seed);
+        }
+        e = memo_find(cache, key);
     }
-    memo_ent *e = memo_find(cache, key);
     if (e) {
         cache->mhits++;
         kvr_text_put(&c->w, e->text, e->len);

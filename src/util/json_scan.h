@@ -74,7 +74,8 @@ typedef struct kvr_json_elem {
     size_t len;         /**< its bytes as written */
     kvr_json_kind kind; /**< what it is (an integer or a real: KVR_JSON_INTEGER or _REAL) */
     kvr_json_kind role; /**< an object's last "role" member's kind (KVR_JSON_ABSENT: none) */
-    int keyed;          /**< 1 when a kvr_json_known's find() set `key` for these bytes */
+    int keyed;          /**< nonzero when a kvr_json_known's find() set `key` for these
+                             bytes (the value is find's to give a meaning to) */
     uint64_t key[2];    /**< what that find() computed (its own meaning; e.g. a hash) */
 } kvr_json_elem;
 
@@ -87,7 +88,7 @@ typedef struct kvr_json_known {
     /** [p, p + n): the bytes an element would have if the body is valid. Returns 1 when
      *  exactly these bytes were accepted before as an element of such an array (then
      *  e->role must be the kind its last "role" member had), else 0. May set e->key and
-     *  e->keyed = 1 for the caller (e.g. the hash it computed), on a hit or a miss. */
+     *  e->keyed (nonzero) for the caller (e.g. the hash it computed), on a hit or a miss. */
     int (*find)(void *ctx, const char *p, size_t n, kvr_json_elem *e);
     /** Optional (NULL: none): where an element starting at p, `avail` bytes left in the
      *  body, would end if it is one accepted before: its length in bytes, or 0 for no

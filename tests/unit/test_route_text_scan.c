@@ -308,6 +308,39 @@ static void test_message_memo(void **state)
     kvr_text_cache_free(c);
 }
 
+/* A message the scan found, whose kept text the same request's new messages push out of the
+ * budget before its own text is built: it is built again from its bytes (the scan's hit is
+ * not used once anything was dropped; under ASan or valgrind a stale one would be a read of
+ * freed memory), and the text is the tree's. */
+static void test_message_memo_evicted_between_scan_and_build(void **state)
+{
+    (void)state;
+    kvr_text_cache *c = kvr_text_cache_new(4096, 16);
+    assert_non_null(c);
+    const char *a = "{\"role\":\"user\",\"content\":\"the message kept first, then pushed out "
+                    "by the ones before it in the next body\"}";
+    char body[8192];
+    snprintf(body, sizeof(body), "{\"messages\":[%s]}", a);
+    assert_int_equal(same_text(body, strlen(body), KVR_ROUTE_CHAT, 0, c), 0);
+    size_t n = (size_t)snprintf(body, sizeof(body), "{\"messages\":[");
+    for (int i = 0; i < 40; i++)
+        n += (size_t)snprintf(body + n, sizeof(body) - n,
+                              "{\"role\":\"user\",\"content\":\"new message %d, long enough "
+                              "to be kept, and there are many\"},", i);
+    snprintf(body + n, sizeof(body) - n, "%s]}", a);
+    uint64_t h0, m0, h, m;
+    size_t bytes;
+    kvr_text_cache_memo_stats(c, &h0, &m0, &bytes);
+    g_known = 0;
+    assert_int_equal(same_text(body, strlen(body), KVR_ROUTE_CHAT, 0, c), 0);
+    assert_int_equal(g_known, 1); /* the scan did find it */
+    kvr_text_cache_memo_stats(c, &h, &m, &bytes);
+    assert_int_equal(h, h0);          /* no text taken from the cache */
+    assert_int_equal(m, m0 + 41);     /* all built, the found one too */
+    assert_true(bytes <= 4096);
+    kvr_text_cache_free(c);
+}
+
 /* Every request of a trace: each conversation cut after every assistant turn, as one chat
  * body (ensure_ascii spelling from jansson, so escapes too), with and without tools. */
 static void trace_check(const char *path, size_t *requests)
@@ -433,6 +466,7 @@ int main(void)
         cmocka_unit_test(test_completions),
         cmocka_unit_test(test_tools_cache),
         cmocka_unit_test(test_message_memo),
+        cmocka_unit_test(test_message_memo_evicted_between_scan_and_build),
         cmocka_unit_test(test_traces),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
