@@ -130,7 +130,13 @@ static void routes(kvr_app *app, kvr_http_req *r)
 static void reload(kvr_app *app, kvr_http_req *r)
 {
     kvr_errlist errs = {0};
-    if (kvr_app_reload(app, &errs) == 0) {
+    if (!app->cfg.config_file) {
+        /* As SIGHUP: nothing to re-read. Re-applying the command line alone would only drop
+         * the workers added at run time. */
+        kvr_admin_reply(r, 409, json_pack("{s:s,s:I,s:[s]}", "result", "error", "generation",
+                                          (json_int_t)app->generation, "errors",
+                                          "no --config file to reload"));
+    } else if (kvr_app_reload(app, &errs) == 0) {
         kvr_admin_reply(r, 200, json_pack("{s:s,s:I}", "result", "ok", "generation",
                                 (json_int_t)app->generation));
     } else {

@@ -4,6 +4,7 @@
 #include "obs/access_log.h"
 #include "obs/otlp.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -111,6 +112,16 @@ static void refresh_workers(void *ud)
         kvr_metric_set(app->m.breaker_state, lv, (double)kvr_worker_breaker(w)->state);
     }
     kvr_metric_set(app->m.access_dropped, NULL, (double)kvr_access_log_dropped(app->access));
+    int st[KVR_HTTP_REFUSALS_MAX];
+    uint64_t cnt[KVR_HTTP_REFUSALS_MAX];
+    size_t nref = app->http ? kvr_http_server_refusals(app->http, st, cnt, KVR_HTTP_REFUSALS_MAX)
+                            : 0;
+    for (size_t i = 0; i < nref; i++) {
+        char code[12];
+        snprintf(code, sizeof(code), "%d", st[i]);
+        const char *lv[] = {code};
+        kvr_metric_set(app->m.http_refusals, lv, (double)cnt[i]);
+    }
     uint64_t hits, misses;
     size_t bytes;
     kvr_text_cache_memo_stats(app->text_cache, &hits, &misses, &bytes);
@@ -173,6 +184,11 @@ void kvr_app_metrics_init(kvr_app *app)
     m->client_aborts = kvr_metrics_counter(r, "kvroute_client_aborts_total",
                                            "Requests whose client went away before the end",
                                            2, me);
+    const char *mst[] = {"status"};
+    m->http_refusals = kvr_metrics_counter(r, "kvroute_http_refusals_total",
+                                           "Requests the HTTP layer answered with an error "
+                                           "before any handler saw them",
+                                           1, mst);
     static const double ratio_bounds[] = {0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1};
     const char *mo[] = {"model"};
     m->match_ratio = kvr_metrics_histogram(r, "kvroute_prefix_match_ratio",

@@ -28,6 +28,7 @@ typedef struct kvr_app_metrics {
     kvr_metric *cached_tokens;     /**< kvroute_cached_tokens_total{model,worker} */
     kvr_metric *completion_tokens; /**< kvroute_completion_tokens_total{model,worker} */
     kvr_metric *client_aborts;     /**< kvroute_client_aborts_total{model,endpoint} */
+    kvr_metric *http_refusals;     /**< kvroute_http_refusals_total{status} */
     kvr_metric *match_ratio;       /**< kvroute_prefix_match_ratio{model} (histogram) */
     kvr_metric *index_blocks;      /**< kvroute_index_blocks{model} */
     kvr_metric *index_evictions;   /**< kvroute_index_evictions_total{model} */

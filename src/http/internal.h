@@ -78,6 +78,11 @@ struct kvr_http_req {
     int head;
     uint64_t start_ns;
     kvr_buf body;
+    size_t body_held; /**< bytes of the server's body_total this request holds: its whole
+                           Content-Length from the end of its headers (so concurrent uploads
+                           over --max-total-body-bytes refuse the ones that do not fit, first
+                           come first served, instead of every one that gets its next bytes
+                           at a bad time), or a chunked body's bytes as they arrive */
     /* Handler side. */
     kvr_http_req_cbs cbs;
     void *cbs_ud;
@@ -160,6 +165,11 @@ struct kvr_http_server {
     void *closed_ud;
     time_t date_sec;
     char date[40];
+    struct {
+        int status;
+        uint64_t n;
+    } refused[KVR_HTTP_REFUSALS_MAX]; /**< kvr_http_server_refusals(), by first sight */
+    size_t nrefused;
     char rbuf[KVR_HTTP_READ_BUF];
 };
 

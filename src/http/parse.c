@@ -51,7 +51,8 @@ void kvr_http__parse_reset(kvr_http_conn *c)
     c->err_msg = NULL;
     kvr_buf_reset(&r->hbuf);
     if (c->srv) /* NULL once the server is gone and only a handler-owned request remains */
-        c->srv->body_total -= r->body.len;
+        c->srv->body_total -= r->body_held;
+    r->body_held = 0;
     if (r->body.alloc > KVR_HTTP_KEEP_ALLOC)
         kvr_buf_free(&r->body);
     kvr_buf_reset(&r->body);
@@ -251,6 +252,13 @@ static int on_headers_complete(http_parser *p)
     r->keep_alive = http_should_keep_alive(p);
     int has_body = (p->flags & F_CHUNKED) ||
                    ((p->flags & F_CONTENTLENGTH) && p->content_length > 0);
+    if (has_body && !(p->flags & F_CHUNKED)) { /* validated: within --max-body-bytes */
+        size_t n = (size_t)p->content_length;
+        if (n > c->srv->lim.max_total_body_bytes - c->srv->body_total)
+            return fail(c, 503, "too many request body bytes held at once; retry later");
+        c->srv->body_total += n;
+        r->body_held = n;
+    }
     if (has_body) {
         c->state = KVR_HTTP_C_BODY;
         kvr_http__arm_timer(c, c->srv->lim.body_timeout_ms);
@@ -269,12 +277,14 @@ static int on_body(http_parser *p, const char *at, size_t len)
     kvr_http_req *r = &c->req;
     if (len > c->srv->lim.max_body_bytes - r->body.len)
         return fail(c, 413, "request body is larger than the limit");
-    if (len > c->srv->lim.max_total_body_bytes - c->srv->body_total)
+    int chunked = (p->flags & F_CHUNKED) != 0; /* else held since the headers */
+    if (chunked && len > c->srv->lim.max_total_body_bytes - c->srv->body_total)
         return fail(c, 503, "too many request body bytes held at once; retry later");
     if (kvr_buf_append(&r->body, at, len) < 0)
         return oom(c);
-    c->srv->body_total += len;
-    if (p->flags & F_CHUNKED) {
+    if (chunked) {
+        c->srv->body_total += len;
+        r->body_held += len;
         c->chunk_left -= len < c->chunk_left ? len : c->chunk_left;
         if (c->chunk_left == 0 && !c->chunk_data_done) {
             c->chunk_data_done = 1;

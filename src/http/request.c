@@ -54,7 +54,8 @@ const char *kvr_http_req_endpoint(const kvr_http_req *r)
 void kvr_http_req_release_body(kvr_http_req *r)
 {
     if (r->conn && r->conn->srv)
-        r->conn->srv->body_total -= r->body.len;
+        r->conn->srv->body_total -= r->body_held;
+    r->body_held = 0;
     kvr_buf_free(&r->body);
 }
 

@@ -351,12 +351,28 @@ static int queue_error(kvr_http_conn *c, int status, const char *msg)
     return 0;
 }
 
+static void count_refusal(kvr_http_server *s, int status)
+{
+    if (!s)
+        return;
+    size_t i = 0;
+    while (i < s->nrefused && s->refused[i].status != status)
+        i++;
+    if (i == s->nrefused) {
+        if (i == KVR_HTTP_REFUSALS_MAX)
+            return; /* more statuses than the HTTP layer has */
+        s->refused[s->nrefused++].status = status;
+    }
+    s->refused[i].n++;
+}
+
 void kvr_http__send_error(kvr_http_conn *c, int status, const char *msg)
 {
     if (c->state == KVR_HTTP_C_CLOSED || c->state == KVR_HTTP_C_CLOSING ||
         c->state == KVR_HTTP_C_LINGER)
         return;
     KVR_DEBUG("http: %d to %s: %s", status, c->peer, msg ? msg : "");
+    count_refusal(c->srv, status);
     if (queue_error(c, status, msg) < 0) {
         kvr_http__conn_close(c);
         return;

@@ -97,7 +97,7 @@ static void conn_free(kvr_http_conn *c)
     kvr_buf_free(&c->wbuf);
     kvr_buf_free(&c->req.hbuf);
     if (s)
-        s->body_total -= c->req.body.len;
+        s->body_total -= c->req.body_held;
     kvr_buf_free(&c->req.body);
     free(c->req.offs);
     free(c->req.hdrs);
@@ -650,6 +650,17 @@ size_t kvr_http_server_open_connections(const kvr_http_server *s)
 size_t kvr_http_server_active_requests(const kvr_http_server *s)
 {
     return s->active;
+}
+
+size_t kvr_http_server_refusals(const kvr_http_server *s, int *status, uint64_t *count,
+                                size_t cap)
+{
+    size_t n = s->nrefused < cap ? s->nrefused : cap;
+    for (size_t i = 0; i < n; i++) {
+        status[i] = s->refused[i].status;
+        count[i] = s->refused[i].n;
+    }
+    return n;
 }
 
 void kvr_http_server_stop_accepting(kvr_http_server *s)

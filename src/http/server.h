@@ -92,6 +92,14 @@ void kvr_http_server_stop_accepting(kvr_http_server *s);
 size_t kvr_http_server_open_connections(const kvr_http_server *s);
 /** Number of requests currently owned by the handler (not yet ended or aborted). */
 size_t kvr_http_server_active_requests(const kvr_http_server *s);
+/** Requests the HTTP layer itself answered with an error before any handler saw them
+ *  (malformed, over a limit, a deadline: 400, 408, 413, 414, 415, 417, 431, 501, 503 for the
+ *  body budget). Fills up to `cap` (status, count) pairs, counts since the server started, in the
+ *  order each status was first seen; returns how many. */
+size_t kvr_http_server_refusals(const kvr_http_server *s, int *status, uint64_t *count,
+                                size_t cap);
+/** Enough pairs for kvr_http_server_refusals() to list every status it counts. */
+#define KVR_HTTP_REFUSALS_MAX 16
 /** Closes every connection and the listener; `on_closed` (may be NULL) runs once all libuv
  *  handles are closed, after which the server is freed. Requests still owned by the handler get
  *  their on_client_gone callback first. */

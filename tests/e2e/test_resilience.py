@@ -225,6 +225,30 @@ def test_total_body_bytes_budget(stub, kvroute):
     kv.wait_inflight_zero()
 
 
+def test_total_body_bytes_budget_reserved_at_headers(stub, kvroute):
+    # Uploads over the budget together: the one that declared its size first keeps its room
+    # for the whole body; the next is refused as soon as its headers end, before it sends its
+    # body, instead of both failing halfway when their bytes add up.
+    w = stub()
+    kv = kvroute([w], extra=["--max-total-body-bytes", "1000000"])
+    big = json.dumps(chat_body(content="x" * 600000)).encode()
+    a_req, b_req = http_post(kv.port, P, big), http_post(kv.port, P, big)
+    cut = a_req.index(b"\r\n\r\n") + 4 + 100000  # the headers and 100 KB of the body
+    with RawConn(kv.port, timeout=10) as a, RawConn(kv.port, timeout=10) as b:
+        a.send(a_req[:cut])
+        time.sleep(0.3)
+        b.send(b_req[:cut])
+        r = b.read_response(timeout=5)
+        assert r.status == 503, r
+        assert r.json()["error"]["message"].startswith("too many request body bytes"), r.body
+        # No handler saw it, so no request counter does: the HTTP layer's own counter does.
+        assert kv.metrics().get("kvroute_http_refusals_total", status="503") == 1
+        a.send(a_req[cut:])
+        assert a.read_response(timeout=5).status == 200
+    assert kv.post(P, content=big).status_code == 200
+    kv.wait_inflight_zero()
+
+
 def test_drain_timeout_tells_clients_why(stub, kvroute):
     import signal
     w = stub()

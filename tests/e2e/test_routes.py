@@ -808,6 +808,21 @@ def test_config_without_workers_is_refused(procs, tmp_path):
     assert rc == 1 and re.match(r"^%s:1:1: no workers" % re.escape(str(empty)), out), out
 
 
+def test_post_reload_without_a_config_file_is_refused(stub, kvroute):
+    # As SIGHUP: nothing to re-read, nothing changes (a worker added at run time stays).
+    w1, w2 = stub(), stub()
+    port = free_port()
+    kv = kvroute([w1], extra=["--admin-port", str(port)])
+    adm = Admin(port)
+    r = adm.post("/workers", {"url": w2.url, "name": "two"})
+    assert r.status_code == 201, r.text
+    r = adm.reload()
+    assert r.status_code == 409, r.text
+    assert r.json()["errors"] == ["no --config file to reload"], r.json()
+    assert set(adm.workers()) == {w1.url, w2.url}
+    assert metric(kv, "kvroute_config_reloads_total", result="ok") == 0
+
+
 def test_reload_of_an_empty_file_is_refused(stub, kvroute, tmp_path):
     w1, w2 = stub(), stub()
     cfg = write_config(tmp_path / "kvroute.yaml", two_stub_config([("w1", w1), ("w2", w2)]))
