@@ -200,7 +200,7 @@ static outcome run(kvr_http_server *s, const char *p, size_t n, const size_t *cu
     /* What conn_free() and the server teardown would do: nothing may stay queued or held. */
     kvr_http__unflush(c);
     uv_prepare_stop(&s->prepare);
-    s->body_total -= c->req.body.len;
+    s->body_total -= c->req.body_held;
     if (s->body_total != 0) /* body accounting must balance once the connection is gone */
         __builtin_trap();
     kvr_buf_free(&c->in);
