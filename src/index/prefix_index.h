@@ -186,9 +186,10 @@ int kvr_prefix_index_insert_kept(kvr_prefix_index *ix, size_t worker, const void
  *  holds alone. The new blocks go right behind the run's last block, with its use stamp, so
  *  each block stays at least as recent as its descendants (what evicts the deepest first and
  *  keeps holdings prefix-closed) and the cost is O(log held + new blocks) instead of one
- *  touch per held block. It refreshes nothing when the worker holds every block. Where the
- *  worker holds no leading block, or the new blocks would not fit its cap without evicting,
- *  it is exactly kvr_prefix_index_insert_kept(). Same return. */
+ *  touch per held block. It refreshes nothing when the worker holds every block. Room under
+ *  the worker's cap is made from its least recent holdings outside the text. Where the worker
+ *  holds no leading block, or one of the text's own blocks is among those least recent, it
+ *  is exactly kvr_prefix_index_insert_kept(). Same return. */
 int kvr_prefix_index_insert_new(kvr_prefix_index *ix, size_t worker, const void *text,
                                 size_t len, kvr_prefix_keys *kept);
 

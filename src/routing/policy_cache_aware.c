@@ -449,10 +449,12 @@ static void ca_teach(void *self, kvr_worker *w, const kvr_route_keys *k)
     sync_capacity(s, w);
     if (k && k->session && k->session_len)
         kvr_session_map_bind(s->sessions, k->session, k->session_len, w->id, now);
-    if (k && k->text && k->text_len && k->refresh_later)
-        kvr_prefix_index_insert_new(s->index, w->id, k->text, k->text_len, k->kept);
-    else if (k && k->text && k->text_len)
-        kvr_prefix_index_insert_kept(s->index, w->id, k->text, k->text_len, k->kept);
+    if (k && k->text && k->text_len) {
+        if (k->refresh_later)
+            kvr_prefix_index_insert_new(s->index, w->id, k->text, k->text_len, k->kept);
+        else
+            kvr_prefix_index_insert_kept(s->index, w->id, k->text, k->text_len, k->kept);
+    }
     kvr_session_map_sweep(s->sessions, now, TEACH_SWEEP);
 }
 
