@@ -46,7 +46,13 @@ struct kvr_pd_call {
     char url[URL_CAP];
     uv_timer_t *timer;   /* --pd-prefill-timeout-ms of the attempt in flight (own allocation:
                             its close outlives the call) */
+    int detached;        /* its request ended: no callback, no retry (kvr_pd_call_detach) */
+    kvr_route_keys own_keys; /* detached before its headers: copies of what the teach reads */
+    char *own_model;     /* detached: the `model` label's copy */
+    struct kvr_pd_call *prev, *next; /* detached: the list kvr_pd_detached_cancel_all ends */
 };
+
+static kvr_pd_call *g_detached;
 
 static const kvr_upstream_cbs pd_cbs;
 
@@ -72,8 +78,20 @@ static void timer_closed(uv_handle_t *h)
 
 static void call_free(kvr_pd_call *c)
 {
+    if (c->detached) {
+        if (c->prev)
+            c->prev->next = c->next;
+        else
+            g_detached = c->next;
+        if (c->next)
+            c->next->prev = c->prev;
+    }
     if (c->timer)
         uv_close((uv_handle_t *)c->timer, timer_closed);
+    free((char *)c->own_keys.text);
+    free((char *)c->own_keys.session);
+    free((uint32_t *)c->own_keys.tokens);
+    free(c->own_model);
     kvr_buf_free(&c->answer);
     kvr_buf_free(&c->body);
     kvr_route_unref(c->rq.route);
@@ -211,8 +229,12 @@ static void finish(kvr_pd_call *c, int ok, char *kvtp, const char *reason, int c
                          .attempts = c->made};
     kvr_pd_done_fn done = c->done;
     void *ud = c->ud;
+    int detached = c->detached;
     call_free(c);
-    done(ud, &res);
+    if (detached)
+        free(kvtp);
+    else
+        done(ud, &res);
 }
 
 /* The attempt failed for `reason`: another prefill worker, or the end of the stage. */
@@ -221,7 +243,7 @@ static void failed(kvr_pd_call *c, const char *reason, int client_error)
     kvr_app *app = c->rq.app;
     KVR_WARN("msg=\"prefill failed\" worker=%s reason=%s attempt=%zu", c->w->url, reason,
              c->ntried);
-    if (!client_error && c->mode == KVR_PD_VLLM &&
+    if (!client_error && c->mode == KVR_PD_VLLM && !c->detached &&
         kvr_route_retry_allowed(c->rq.route, app->cfg.retry_budget, kvr_now_ms())) {
         kvr_worker *w = c->w;
         kvr_pick pick = c->pick;
@@ -361,4 +383,66 @@ void kvr_pd_call_cancel(kvr_pd_call *c)
         attempt_end(c, c->status);
     }
     call_free(c);
+}
+
+/* A copy of `len` bytes of `src` (NULL when src is), or -1 when out of memory. */
+static int dup_bytes(const void *src, size_t len, const void **out)
+{
+    *out = NULL;
+    if (!src)
+        return 0;
+    void *d = malloc(len ? len : 1);
+    if (!d)
+        return -1;
+    memcpy(d, src, len);
+    *out = d;
+    return 0;
+}
+
+void kvr_pd_call_detach(kvr_pd_call *c)
+{
+    if (!c)
+        return;
+    if (!c->att) {
+        kvr_pd_call_cancel(c);
+        return;
+    }
+    size_t mlen = strlen(c->rq.model);
+    c->own_model = malloc(mlen + 1);
+    if (!c->own_model) {
+        kvr_pd_call_cancel(c);
+        return;
+    }
+    memcpy(c->own_model, c->rq.model, mlen + 1);
+    c->rq.model = c->own_model;
+    if (!c->status) { /* its teach is still to come: the request's keys go with it */
+        const kvr_route_keys *k = c->rq.keys;
+        kvr_route_keys *o = &c->own_keys;
+        o->text_len = k->text_len;
+        o->session_len = k->session_len;
+        o->ntokens = k->ntokens;
+        if (dup_bytes(k->text, k->text_len, (const void **)&o->text) < 0 ||
+            dup_bytes(k->session, k->session_len, (const void **)&o->session) < 0 ||
+            dup_bytes(k->tokens, k->ntokens * sizeof(*k->tokens),
+                      (const void **)&o->tokens) < 0) {
+            kvr_pd_call_cancel(c);
+            return;
+        }
+    }
+    c->rq.keys = &c->own_keys; /* (after the headers, nothing reads them again) */
+    c->rq.body = NULL;
+    c->rq.client_model = NULL;
+    c->rq.hdrs = NULL;
+    c->rq.nhdrs = 0;
+    c->detached = 1;
+    c->next = g_detached;
+    if (g_detached)
+        g_detached->prev = c;
+    g_detached = c;
+}
+
+void kvr_pd_detached_cancel_all(void)
+{
+    while (g_detached)
+        kvr_pd_call_cancel(g_detached);
 }

@@ -86,5 +86,16 @@ const kvr_pd_bootstrap *kvr_pd_call_bootstrap(const kvr_pd_call *c);
 /** Ends the call without its callback: the attempt in flight is cancelled (no breaker
  *  verdict). NULL is fine. */
 void kvr_pd_call_cancel(kvr_pd_call *c);
+/** Its request ended with the decode worker's whole answer while the prefill attempt is still
+ *  in flight (SGLang: the decode may finish before the prefill's own answer arrives): the call
+ *  goes on alone, without its callback or retries, so its worker still learns the prompt,
+ *  counts its usage and gets its breaker verdict, and the engine is not told to abort a
+ *  finished request. It frees itself when the attempt ends (--pd-prefill-timeout-ms bounds
+ *  it). Copies what it still reads (the model label; the keys, when its headers have not
+ *  arrived: the prefix index's kept block keys are not copied, the text is hashed again).
+ *  Out of memory, or no attempt in flight, it is cancelled instead. NULL is fine. */
+void kvr_pd_call_detach(kvr_pd_call *c);
+/** Shutdown: cancels every detached call still in flight (before the upstream closes). */
+void kvr_pd_detached_cancel_all(void);
 
 #endif

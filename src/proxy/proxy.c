@@ -287,7 +287,12 @@ static void preq_free(preq *p)
         p->next->prev = p->prev;
     if (p->tok)
         kvr_tokenize_cancel(p->tok);
-    kvr_pd_call_cancel(p->pd_call);
+    /* The decode's whole answer relayed before the prefill's own arrived (SGLang): the prefill
+     * finishes alone, so its worker still learns the prompt. Otherwise it is of no use now. */
+    if (p->pd_call && p->final_status / 100 == 2 && !p->span_err)
+        kvr_pd_call_detach(p->pd_call);
+    else
+        kvr_pd_call_cancel(p->pd_call);
     free(p->kvtp);
     kvr_cluster_rate_cancel(p->rate_op);
     kvr_cluster_wait_cancel(p->warm_wait);
@@ -1521,6 +1526,7 @@ void kvr_proxy_engine_down(void *ud, kvr_worker *engine)
 void kvr_proxy_stop(kvr_app *app)
 {
     (void)app;
+    kvr_pd_detached_cancel_all();
     if (g_admit_timer.loop) {
         uv_timer_stop(&g_admit_timer);
         uv_close((uv_handle_t *)&g_admit_timer, NULL);

@@ -403,8 +403,8 @@ def test_no_decode_worker_eligible_makes_no_prefill(stub, kvroute):
 
 
 # ============================================================================ SGLang mode
-def test_sglang_same_room_concurrent(stub, kvroute, tmp_path):
-    p, d = stub(), stub()
+def sglang_pair(kvroute, tmp_path, p, d):
+    """kvroute with one SGLang route: prefill stub p (bootstrap port 9123), decode stub d."""
     cfg = tmp_path / "kvroute.yaml"
     cfg.write_text("""
 workers:
@@ -415,8 +415,13 @@ routes:
     pd: {mode: sglang}
     targets: [p0, d0]
 """ % (p.url, d.url, MODEL))
-    kv = kvroute([], model=None, policy=None, health_interval_ms=0,
-                 extra=["--config", str(cfg)])
+    return kvroute([], model=None, policy=None, health_interval_ms=0,
+                   extra=["--config", str(cfg)])
+
+
+def test_sglang_same_room_concurrent(stub, kvroute, tmp_path):
+    p, d = stub(), stub()
+    kv = sglang_pair(kvroute, tmp_path, p, d)
     for stream in (False, True):
         p.reset()
         d.reset()
@@ -449,6 +454,35 @@ routes:
     assert r.headers["x-kvroute-worker"] == d.url
     last = d.proxied()[-1]["body_json"]
     assert "bootstrap_room" not in last and last["messages"][0]["content"] == "sg alone"
+
+
+def test_sglang_decode_done_first_lets_the_prefill_finish(stub, kvroute, tmp_path):
+    """The decode's whole answer relayed before the prefill's own arrives (a short answer: the
+    engine's prefill answers after its KV transfer): the prefill call is not cancelled with the
+    request; it ends alone, so its usage counts and its worker is not told to abort."""
+    p, d = stub(), stub()
+    p.config(mode="delay:700")
+    kv = sglang_pair(kvroute, tmp_path, p, d)
+    r = kv.post("/v1/chat/completions", chat_body(content="decode first"))
+    assert r.status_code == 200, r.text
+    assert r.headers["x-kvroute-worker"] == d.url
+    assert p.proxied() and p.proxied()[0]["t_headers_sent"] is None  # still in its delay
+    pe = wait_until(lambda: p.proxied()[0].get("ended") == "complete" and p.proxied()[0], 5,
+                    what="the prefill worker's whole answer")
+    assert pe["status"] == 200
+    wait_until(lambda: (kv.metrics().get("kvroute_prompt_tokens_total", model=MODEL,
+                                         worker=p.url) or 0) > 0, 3,
+               what="the prefill's usage counted")
+    assert kv.metrics().get("kvroute_pd_requests_total", model=MODEL, result="ok") == 1
+    # stopped while such a prefill is still in flight: it is cancelled, and kvroute exits cleanly
+    p.reset()
+    r = kv.post("/v1/chat/completions", chat_body(content="decode first again"))
+    assert r.status_code == 200, r.text
+    assert p.proxied()[0]["t_headers_sent"] is None
+    kv.stop()
+    assert kv.proc.returncode() == 0, kv.proc.stderr_text(tail=20)
+    wait_until(lambda: p.proxied()[0].get("ended") == "client_gone", 3,
+               what="the prefill worker told the request is gone")
 
 
 def test_sglang_prefill_failure_restarts_the_pair(stub, kvroute, tmp_path):
