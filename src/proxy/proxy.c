@@ -550,8 +550,15 @@ static void on_headers(void *ud, int status, const kvr_http_header *h, size_t n)
 {
     preq *p = ud;
     p->status = status;
-    if (status >= 500)
+    if (status >= 500) {
         give_verdict(p, 1);
+    } else if (p->trial) {
+        /* A half-open trial answered (a 4xx is no failure either): the worker serves again,
+         * and the requests waiting for it need not wait for the whole answer (a long stream).
+         * Later failures of this answer count as any closed breaker's. */
+        kvr_app_attempt_verdict(p->app, p->w, 0, 1);
+        p->trial = 0;
+    }
     if (retryable_status(status)) {
         /* Nothing reached the client yet: try another worker, relaying this answer only
          * when none is left. The attempt is cancelled from inside its own callback (allowed). */
@@ -1393,8 +1400,11 @@ static int pick_with_room(preq *p, int process)
     if (p->fixed)
         return pick_fixed(p, process);
     kvr_route *r = pick_route(p);
+    /* None eligible, but a worker's half-open trial is running: the request waits in the
+     * queue for its answer (the breaker closes when it starts well), not a 503 while the
+     * fleet recovers. A failed trial opens it again, and the waiters get their 503 then. */
     if (kvr_route_eligible(r, r->scratch) == 0)
-        return -1;
+        return p->app->cfg.max_queue && kvr_route_on_trial(r) ? 0 : -1;
     if (process && p->app->cfg.max_inflight && g_inflight >= p->app->cfg.max_inflight)
         return 0;
     size_t n = exclude_full(p, ex, sizeof(ex) / sizeof(ex[0]), &nfull);

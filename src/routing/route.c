@@ -205,6 +205,14 @@ size_t kvr_route_eligible(kvr_route *r, kvr_worker **out)
     return k;
 }
 
+size_t kvr_route_on_trial(const kvr_route *r)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < r->ntargets; i++)
+        k += kvr_worker_on_trial(r->targets[i].worker) != 0;
+    return k;
+}
+
 const kvr_route_target *kvr_route_target_of(const kvr_route *r, const kvr_worker *w)
 {
     for (size_t i = 0; i < r->ntargets; i++)

@@ -105,6 +105,8 @@ void kvr_route_unref(kvr_route *r);
 /** Fills `out` (room for r->ntargets) with the eligible workers, in target order; returns
  *  how many. */
 size_t kvr_route_eligible(kvr_route *r, kvr_worker **out);
+/** How many of the route's workers wait for their breaker's trial (kvr_worker_on_trial). */
+size_t kvr_route_on_trial(const kvr_route *r);
 
 /** Picks a worker for a request with keys `k` among the eligible targets whose worker id is
  *  not in `exclude` (nex ids: workers already tried). A Responses API request continuing a

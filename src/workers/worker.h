@@ -116,6 +116,15 @@ static inline int kvr_worker_eligible(const kvr_worker *w)
            kvr_breaker_admits(kvr_worker_breaker(w));
 }
 
+/** 1 when `w` is not eligible only because its breaker's one half-open trial is running: it
+ *  is again once that trial's answer starts well (a request may wait for it in the queue). */
+static inline int kvr_worker_on_trial(const kvr_worker *w)
+{
+    const kvr_breaker *b = kvr_worker_breaker(w);
+    return kvr_worker_healthy(w) && !w->draining && !w->removed &&
+           b->state == KVR_BREAKER_HALF_OPEN && b->trial_inflight;
+}
+
 /** The load every routing decision reads: this replica's attempts in flight at `w` plus the
  *  other replicas' (remote_inflight; DESIGN §13). */
 static inline int64_t kvr_worker_load(const kvr_worker *w)

@@ -443,6 +443,56 @@ def test_unreachable_worker_opens_its_breaker_without_health_checks(stub, kvrout
     kv.wait_inflight_zero()
 
 
+def test_requests_wait_for_the_half_open_trial(stub, kvroute):
+    """The only worker's breaker half-open, its trial running: requests that arrive meanwhile
+    wait in the queue for the trial's answer, and are served once it starts well (not 503
+    no_eligible_worker while the fleet recovers). A failed trial opens the breaker again, and
+    those waiting get their 503 then."""
+    w = stub()
+    kv = kvroute([w], health_interval_ms=0,
+                 extra=["--breaker-failures", 1, "--breaker-cooldown-ms", 300,
+                        "--breaker-max-cooldown-ms", 300])
+
+    def open_then_half_open():
+        r = kv.chat(content="fail", headers={"x-stub-mode": "fail:500"})
+        assert r.status_code == 500, r.text
+        wait_until(lambda: breaker_state(kv.metrics(), w.url) == 2, 5, what="half_open")
+        w.reset()
+
+    for trial_mode, want in (("delay:600", 200), ("delay:600,fail:503", 503)):
+        open_then_half_open()
+        out = {}
+
+        def send(k, mode=None):
+            out[k] = kv.chat(content="r%s" % k, timeout=10,
+                             headers={"x-stub-mode": mode} if mode else None)
+        trial = threading.Thread(target=send, args=("trial", trial_mode))
+        trial.start()
+        wait_until(lambda: len(w.proxied()) == 1, 5, what="the trial at the worker")
+        others = [threading.Thread(target=send, args=(k,)) for k in range(3)]
+        for t in others:
+            t.start()
+        for t in [trial] + others:
+            t.join(15)
+        assert out["trial"].status_code == want, out["trial"].text
+        for k in range(3):
+            r = out[k]
+            assert r.status_code == want, (trial_mode, r.status_code, r.text)
+            if want == 503:
+                assert r.json()["error"]["code"] == "no_eligible_worker", r.text
+        got = w.proxied()
+        if want == 200:
+            # the waiting ones reached the worker only after the trial's answer started
+            assert len(got) == 4, got
+            t_trial = got[0]["t_headers_sent"]
+            assert all(e["t_start"] >= t_trial for e in got[1:]), got
+            assert breaker_state(kv.metrics(), w.url) == 0
+        else:
+            assert len(got) == 1, got  # the trial only
+            assert breaker_state(kv.metrics(), w.url) in (1, 2)
+    kv.wait_inflight_zero()
+
+
 def test_attempt_on_a_worker_that_turns_unhealthy_is_retried_at_once(stub, kvroute):
     """A worker that takes a request and never answers (a stopped engine) holds it only until
     its health checks fail: the attempt is then failed as a first-byte timeout and retried on
