@@ -4,7 +4,7 @@
 #include <ctype.h>
 #include <stdio.h>
 #include <string.h>
-#include <xxhash.h>
+#include "util/xxh.h"
 
 uint64_t kvr_entry_key(const kvr_entry *e, size_t i)
 {

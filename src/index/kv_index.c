@@ -24,7 +24,7 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <xxhash.h>
+#include "util/xxh.h"
 
 #define NIL UINT32_MAX
 #define MIN_SLOTS 64u

@@ -37,7 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <xxhash.h>
+#include "util/xxh.h"
 
 #include "util/rand.h"
 

@@ -5,7 +5,7 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <xxhash.h>
+#include "util/xxh.h"
 
 #include "util/rand.h"
 

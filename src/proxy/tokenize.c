@@ -13,7 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <xxhash.h>
+#include "util/xxh.h"
 
 #include "util/buf.h"
 #include "util/json_read.h"

@@ -5,7 +5,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <xxhash.h>
+#include "util/xxh.h"
 
 typedef struct point {
     uint64_t pos;

@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <xxhash.h>
+#include "util/xxh.h"
 
 #include "routing/anthropic.h"
 #include "routing/text_writer.h"

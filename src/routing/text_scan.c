@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
-#include <xxhash.h>
+#include "util/xxh.h"
 
 #include "routing/keys.h"
 #include "routing/text_writer.h"

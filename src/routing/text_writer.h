@@ -10,7 +10,7 @@
 #define KVR_ROUTING_TEXT_WRITER_H
 #include <jansson.h>
 #include <stddef.h>
-#include <xxhash.h>
+#include "util/xxh.h"
 
 #include "util/buf.h"
 
