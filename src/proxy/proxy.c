@@ -1222,7 +1222,8 @@ static void pd_done(void *ud, kvr_pd_result *res)
 {
     preq *p = ud;
     p->pd_call = NULL;
-    p->pf_attempts += res->attempts;
+    if (p->route->pd->mode != KVR_PD_SGLANG) /* (SGLang's was counted when it started) */
+        p->pf_attempts += res->attempts;
     if (p->route->pd->mode == KVR_PD_SGLANG) {
         /* The decode worker waits for this prefill's room: while nothing reached the client,
          * the pair starts again with another prefill worker (a new room), or, when none is
@@ -1287,6 +1288,9 @@ static int pd_begin(preq *p)
     }
     if (p->route->pd->mode == KVR_PD_VLLM)
         return 1;
+    /* Its one attempt counts now: the decode's head, with x-kvroute-attempts, may go out
+     * before the prefill answers (a stream; a decode faster than its prefill's answer). */
+    p->pf_attempts++;
     p->pf_w = kvr_pd_call_worker(p->pd_call);
     p->pf_pick = *kvr_pd_call_pick(p->pd_call);
     p->bs = *kvr_pd_call_bootstrap(p->pd_call);

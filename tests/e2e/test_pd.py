@@ -442,6 +442,7 @@ def test_sglang_same_room_concurrent(stub, kvroute, tmp_path):
         assert pe["t_start"] < de["t_headers_sent"] and de["t_start"] < pe["t_headers_sent"]
         assert r.headers["x-kvroute-worker"] == d.url
         assert r.headers["x-kvroute-prefill-worker"] == p.url
+        assert r.headers["x-kvroute-attempts"] == "2", (stream, r.headers)
         assert hashlib.sha256(r.content).hexdigest() == de["resp_body_sha256"]
     # the prefill worker gone: the decode call waiting for its room is replaced by a local
     # prefill (the original request, no bootstrap) on a decode worker
@@ -466,6 +467,7 @@ def test_sglang_decode_done_first_lets_the_prefill_finish(stub, kvroute, tmp_pat
     r = kv.post("/v1/chat/completions", chat_body(content="decode first"))
     assert r.status_code == 200, r.text
     assert r.headers["x-kvroute-worker"] == d.url
+    assert r.headers["x-kvroute-attempts"] == "2"  # the prefill counts, though still running
     assert p.proxied() and p.proxied()[0]["t_headers_sent"] is None  # still in its delay
     pe = wait_until(lambda: p.proxied()[0].get("ended") == "complete" and p.proxied()[0], 5,
                     what="the prefill worker's whole answer")
