@@ -513,6 +513,7 @@ static int64_t parse_content_length(const char *v, size_t n)
 }
 
 static int retry_elsewhere(preq *p, const char *reason);
+static int enqueue(preq *p);
 static size_t exclude_full(preq *p, size_t *ex, size_t cap, size_t *nfull);
 static void local_prefill_label(preq *p);
 static void give_verdict(preq *p, int failure);
@@ -837,9 +838,19 @@ static void release_body(preq *p)
     kvr_buf_free(&p->body_rw);
 }
 
+/* None eligible (or none this request may take), but a worker's half-open trial is running:
+ * the request waits in the queue for its answer (the breaker closes when it starts well), not
+ * a 503 while the fleet recovers. A failed trial opens it again; the waiters get their 503
+ * then. With --max-queue 0 nothing waits. */
+static int trial_pending(const preq *p, const kvr_route *r)
+{
+    return p->app->cfg.max_queue && kvr_route_on_trial(r);
+}
+
 /* Picks again among eligible workers not tried yet, within the attempt cap and the route's
- * retry budget. Returns 1 when a new attempt started, 0 when there was none to try (nothing
- * changed), -1 when starting one failed (the request is answered and freed). */
+ * retry budget. Returns 1 when a new attempt started or the request now waits in the queue
+ * for a trial's verdict (trial_pending), 0 when there was none to try (nothing changed), -1
+ * when starting one failed (the request is answered and freed). */
 static int retry_elsewhere(preq *p, const char *reason)
 {
     kvr_pick pick;
@@ -848,13 +859,24 @@ static int retry_elsewhere(preq *p, const char *reason)
     /* A retry replaces an attempt that is ending, so only the workers' own caps apply. */
     size_t nex = exclude_full(p, ex, sizeof(ex) / sizeof(ex[0]), &nfull);
     if (p->fixed || p->ntried >= (size_t)p->app->cfg.max_retries + 1 ||
-        p->ntried >= MAX_ATTEMPTS ||
-        kvr_route_pick(pick_route(p), ex, nex, &p->keys.k, p->pin, p->pin_len, &pick,
-                       &target) < 0 ||
+        p->ntried >= MAX_ATTEMPTS)
+        return 0;
+    kvr_route *r = pick_route(p);
+    int picked = kvr_route_pick(r, ex, nex, &p->keys.k, p->pin, p->pin_len, &pick, &target) == 0;
+    /* No other worker now, but one whose half-open trial is running: the retry waits for its
+     * verdict in the queue, as a new request would. */
+    int wait = !picked && trial_pending(p, r);
+    if (!(picked || wait) ||
         !kvr_route_retry_allowed(p->route, p->app->cfg.retry_budget, kvr_now_ms()))
         return 0;
     const char *lv[] = {p->model, reason};
     kvr_metric_inc(p->app->m.retries, lv, 1);
+    if (wait) {
+        p->status = 0;
+        p->sse = 0;
+        p->att = NULL; /* (the caller ends the failed one) */
+        return enqueue(p) < 0 ? -1 : 1;
+    }
     p->pick = pick;
     p->target = target;
     local_prefill_label(p);
@@ -978,7 +1000,6 @@ static size_t attempt_headers(preq *p)
 static void begin(preq *p);
 static int pick_with_room(preq *p, int process);
 static int pick_fixed(preq *p, int process);
-static void enqueue(preq *p);
 static int over_rate_limit(preq *p, const kvr_proxy_body *body);
 static void reply_rate_limited(preq *p);
 
@@ -1404,18 +1425,15 @@ static int pick_with_room(preq *p, int process)
     if (p->fixed)
         return pick_fixed(p, process);
     kvr_route *r = pick_route(p);
-    /* None eligible, but a worker's half-open trial is running: the request waits in the
-     * queue for its answer (the breaker closes when it starts well), not a 503 while the
-     * fleet recovers. A failed trial opens it again, and the waiters get their 503 then. */
     if (kvr_route_eligible(r, r->scratch) == 0)
-        return p->app->cfg.max_queue && kvr_route_on_trial(r) ? 0 : -1;
+        return trial_pending(p, r) ? 0 : -1;
     if (process && p->app->cfg.max_inflight && g_inflight >= p->app->cfg.max_inflight)
         return 0;
     size_t n = exclude_full(p, ex, sizeof(ex) / sizeof(ex[0]), &nfull);
     int rc = kvr_route_pick(r, ex, n, &p->keys.k, p->pin, p->pin_len, &p->pick, &p->target);
     if (rc == 0)
         local_prefill_label(p);
-    return rc == 0 ? 1 : nfull ? 0 : -1;
+    return rc == 0 ? 1 : nfull || trial_pending(p, r) ? 0 : -1;
 }
 
 static void overloaded(kvr_app *app, kvr_http_req *r, const char *model, const char *reason,
@@ -1429,7 +1447,8 @@ static void overloaded(kvr_app *app, kvr_http_req *r, const char *model, const c
     kvr_reply_error_typed(app, r, model, 503, msg, "server_error", NULL, "overloaded", &h, 1);
 }
 
-static void enqueue(preq *p)
+/* 0, or -1 when the queue is full: then the request is answered 503 and freed. */
+static int enqueue(preq *p)
 {
     kvr_app *app = p->app;
     p->waiter.key = p->key;
@@ -1439,11 +1458,12 @@ static void enqueue(preq *p)
         overloaded(app, p->req, p->model, "queue_full",
                    "kvroute is at capacity and its queue is full; retry later");
         preq_free(p);
-        return;
+        return -1;
     }
     const char *lv[] = {p->model};
     kvr_metric_inc(app->m.queue_depth, lv, 1);
     schedule_dispatch(app); /* arms the timeout sweep */
+    return 0;
 }
 
 /* Leaves the queue (started, timed out or client gone): depth and wait time. */

@@ -493,6 +493,42 @@ def test_requests_wait_for_the_half_open_trial(stub, kvroute):
     kv.wait_inflight_zero()
 
 
+def test_failed_trial_retry_waits_for_the_other_trial(stub, kvroute):
+    """Both workers half-open, one trial each: the one that fails is not relayed while the
+    other worker's trial runs; its request waits for that verdict and is served there."""
+    a, b = stub(), stub()
+    kv = kvroute([a, b], health_interval_ms=0,
+                 extra=["--breaker-failures", 1, "--breaker-cooldown-ms", 300,
+                        "--breaker-max-cooldown-ms", 300])
+    r = kv.chat(content="fail both", headers={"x-stub-mode": "fail:500"})
+    assert r.status_code == 500 and attempts(r) == 2, (r.status_code, r.headers)
+    wait_until(lambda: breaker_state(kv.metrics(), a.url) == 2 and
+               breaker_state(kv.metrics(), b.url) == 2, 5, what="both half_open")
+    a.reset()
+    b.reset()
+    a.config(mode="delay:300,fail:500")
+    b.config(mode="delay:800")
+    out = {}
+
+    def send(k):
+        out[k] = kv.chat(content="recovering %d" % k, timeout=10)
+    ts = [threading.Thread(target=send, args=(k,)) for k in range(2)]
+    for k, t in enumerate(ts):
+        t.start()
+        wait_until(lambda: len(a.proxied()) + len(b.proxied()) == k + 1, 5,
+                   what="trial %d at its worker" % k)
+    for t in ts:
+        t.join(15)
+    for k in range(2):
+        assert out[k].status_code == 200, out[k].text
+        assert out[k].headers["x-kvroute-worker"] == b.url, out[k].headers
+    assert sorted(attempts(out[k]) for k in range(2)) == [1, 2]
+    got = b.proxied()
+    assert len(got) == 2 and len(a.proxied()) == 1, (got, a.proxied())
+    assert got[1]["t_start"] >= got[0]["t_headers_sent"]  # the retry waited for b's trial
+    kv.wait_inflight_zero()
+
+
 def test_attempt_on_a_worker_that_turns_unhealthy_is_retried_at_once(stub, kvroute):
     """A worker that takes a request and never answers (a stopped engine) holds it only until
     its health checks fail: the attempt is then failed as a first-byte timeout and retried on
