@@ -77,14 +77,26 @@ void kvr_admin_reply(kvr_http_req *r, int status, json_t *j)
     free(s);
 }
 
-void kvr_admin_reply_error(kvr_http_req *r, int status, const char *msg,
-                           const kvr_http_header *h, size_t n)
+static void reply_error(kvr_http_req *r, int status, const char *msg, const char *param,
+                        const char *code, const kvr_http_header *h, size_t n)
 {
     kvr_buf b;
     kvr_buf_init(&b, 0);
-    kvr_oai_error_json(&b, status, msg, NULL, NULL);
+    kvr_oai_error_json(&b, status, msg, param, code);
     kvr_http_resp_simple(r, status, "application/json", h, n, b.data, b.len);
     kvr_buf_free(&b);
+}
+
+void kvr_admin_reply_error(kvr_http_req *r, int status, const char *msg,
+                           const kvr_http_header *h, size_t n)
+{
+    reply_error(r, status, msg, NULL, NULL, h, n);
+}
+
+void kvr_admin_reply_error_code(kvr_http_req *r, int status, const char *msg, const char *param,
+                                const char *code)
+{
+    reply_error(r, status, msg, param, code, NULL, 0);
 }
 
 static void routes(kvr_app *app, kvr_http_req *r)
@@ -305,21 +317,26 @@ static void debug_route(kvr_app *app, kvr_http_req *r)
     const char *param = NULL;
     if (!j) {
         snprintf(msg, sizeof(msg), "invalid JSON body: %s", jerr.text);
-        kvr_admin_reply_error(r, 400, msg, NULL, 0);
+        kvr_admin_reply_error_code(r, 400, msg, NULL, "invalid_json");
         return;
     }
-    if (endpoint_of(r, j, &ep) < 0 || kvr_api_validate(j, ep, msg, sizeof(msg), &param)) {
-        if (!param)
-            snprintf(msg, sizeof(msg),
-                     "endpoint must be chat, completions, responses or messages");
+    if (endpoint_of(r, j, &ep) < 0) {
         json_decref(j);
-        kvr_admin_reply_error(r, 400, msg, NULL, 0);
+        kvr_admin_reply_error_code(r, 400,
+                                   "endpoint must be chat, completions, responses or messages",
+                                   "endpoint", "invalid_value");
+        return;
+    }
+    if (kvr_api_validate(j, ep, msg, sizeof(msg), &param)) {
+        json_decref(j);
+        kvr_admin_reply_error_code(r, 400, msg, param, "invalid_value");
         return;
     }
     kvr_route *rt = kvr_app_route(app, json_string_value(json_object_get(j, "model")));
     if (!rt) {
         json_decref(j);
-        kvr_admin_reply_error(r, 404, "the body's model names no route", NULL, 0);
+        kvr_admin_reply_error_code(r, 404, "the body's model names no route", "model",
+                                   "model_not_found");
         return;
     }
     dbg *d = calloc(1, sizeof(*d));

@@ -35,5 +35,9 @@ void kvr_admin_reply(kvr_http_req *r, int status, json_t *j);
 /** Answers `r` with `status` and an OpenAI-style error `msg`, plus `n` extra headers. */
 void kvr_admin_reply_error(kvr_http_req *r, int status, const char *msg,
                            const kvr_http_header *h, size_t n);
+/** The same with the error's `param` and `code` (NULL = null), as the proxied endpoints give
+ *  them for the same fault (POST /debug/route validates a client's body as they do). */
+void kvr_admin_reply_error_code(kvr_http_req *r, int status, const char *msg, const char *param,
+                                const char *code);
 
 #endif

@@ -277,6 +277,28 @@ def test_debug_route_explains_without_forwarding_or_teaching(stub, kvroute):
     assert proxied(ws) == 1
 
 
+def test_debug_route_errors_match_the_endpoints(stub, kvroute):
+    """A body /debug/route refuses gets the status, param and code the proxied endpoint gives
+    the same body, so a client can tell what it would have got."""
+    ws, kv, adm = start(stub, kvroute)
+    cases = [(None, b'{bad', 400, None, "invalid_json"),
+             ({"model": MODEL, "messages": []}, None, 400, "messages", "invalid_value"),
+             ({"model": "no-such-route", "messages": [{"role": "user", "content": "x"}]}, None,
+              404, "model", "model_not_found")]
+    for body, raw, status, param, code in cases:
+        real = kv.post("/v1/chat/completions", body, content=raw) if raw is not None else \
+            kv.post("/v1/chat/completions", body)
+        dbg = adm.post("/debug/route", body, raw=raw)
+        assert real.status_code == dbg.status_code == status, (real.text, dbg.text)
+        for r in (real, dbg):
+            e = r.json()["error"]
+            assert (e["param"], e["code"]) == (param, code), (body, raw, r.text)
+    r = adm.post("/debug/route?endpoint=embeddings", chat("x"))
+    assert r.status_code == 400, r.text
+    assert (r.json()["error"]["param"], r.json()["error"]["code"]) == ("endpoint", "invalid_value")
+    assert all(w.proxied() == [] for w in ws)
+
+
 def test_debug_route_key_lengths(stub, kvroute):
     ws, kv, adm = start(stub, kvroute)
     comp = lambda p: {"model": MODEL, "prompt": p}  # noqa: E731
