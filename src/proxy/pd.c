@@ -407,13 +407,11 @@ void kvr_pd_call_detach(kvr_pd_call *c)
         kvr_pd_call_cancel(c);
         return;
     }
-    size_t mlen = strlen(c->rq.model);
-    c->own_model = malloc(mlen + 1);
+    c->own_model = strdup(c->rq.model);
     if (!c->own_model) {
         kvr_pd_call_cancel(c);
         return;
     }
-    memcpy(c->own_model, c->rq.model, mlen + 1);
     c->rq.model = c->own_model;
     if (!c->status) { /* its teach is still to come: the request's keys go with it */
         const kvr_route_keys *k = c->rq.keys;

@@ -1243,9 +1243,7 @@ static void pd_done(void *ud, kvr_pd_result *res)
 {
     preq *p = ud;
     p->pd_call = NULL;
-    if (p->route->pd->mode != KVR_PD_SGLANG) /* (SGLang's was counted when it started) */
-        p->pf_attempts += res->attempts;
-    if (p->route->pd->mode == KVR_PD_SGLANG) {
+    if (p->route->pd->mode == KVR_PD_SGLANG) { /* (its attempt counted when it started) */
         /* The decode worker waits for this prefill's room: while nothing reached the client,
          * the pair starts again with another prefill worker (a new room), or, when none is
          * left, the decode worker prefills itself. */
@@ -1276,6 +1274,7 @@ static void pd_done(void *ud, kvr_pd_result *res)
         route_now(p);
         return;
     }
+    p->pf_attempts += res->attempts;
     if (!res->ok) {
         pd_local(p, res->reason);
     } else {

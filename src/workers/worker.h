@@ -108,12 +108,17 @@ static inline kvr_breaker *kvr_worker_breaker(const kvr_worker *w)
     return &w->engine->breaker;
 }
 
+/** Healthy, not draining, still configured: eligible but for its circuit breaker. */
+static inline int kvr_worker_serving(const kvr_worker *w)
+{
+    return kvr_worker_healthy(w) && !w->draining && !w->removed;
+}
+
 /** Eligible = may receive new requests: healthy, circuit breaker not open (a half-open one
  *  admits its single trial), not draining, still configured (DESIGN §4 step 4, §11). */
 static inline int kvr_worker_eligible(const kvr_worker *w)
 {
-    return kvr_worker_healthy(w) && !w->draining && !w->removed &&
-           kvr_breaker_admits(kvr_worker_breaker(w));
+    return kvr_worker_serving(w) && kvr_breaker_admits(kvr_worker_breaker(w));
 }
 
 /** 1 when `w` is not eligible only because its breaker's one half-open trial is running: it
@@ -121,8 +126,7 @@ static inline int kvr_worker_eligible(const kvr_worker *w)
 static inline int kvr_worker_on_trial(const kvr_worker *w)
 {
     const kvr_breaker *b = kvr_worker_breaker(w);
-    return kvr_worker_healthy(w) && !w->draining && !w->removed &&
-           b->state == KVR_BREAKER_HALF_OPEN && b->trial_inflight;
+    return kvr_worker_serving(w) && b->state == KVR_BREAKER_HALF_OPEN && b->trial_inflight;
 }
 
 /** The load every routing decision reads: this replica's attempts in flight at `w` plus the
