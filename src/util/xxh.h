@@ -1,17 +1,96 @@
-/* xxHash (libxxhash), with its x86 runtime dispatch where there is one.
+/* xxHash (libxxhash), with its x86 run-time dispatch for long inputs: the one include point
+ * for every file that hashes.
  *
  * Debian builds libxxhash for the x86-64 baseline: XXH3's long-input loop runs on SSE2. The
  * library also exports `*_dispatch` variants (xxh_x86dispatch.h) that pick AVX2 or AVX-512 at
- * run time when the CPU has them; their results are the same as the baseline's (one
- * algorithm, xxHash's spec). Including this header instead of <xxhash.h> makes every XXH3
- * call in the file use them: hashing a long prompt's messages and blocks is a measurable
- * share of a cache-aware request (docs/performance.md, "eighth pass"). */
+ * run time, with the same results (one algorithm, xxHash's spec): 30 KB hash in 1.3 µs
+ * instead of 4.4 µs here.
+ *
+ * Libxxhash 0.8.1's AVX-512 variant returns without `vzeroupper`, leaving the upper halves of
+ * the vector registers dirty. Until something clears them, every legacy-SSE instruction after
+ * it (kvroute's scanner, built for baseline x86-64, is full of them) waits on a merge with the
+ * dirty state. Calling the dispatch as such made a cache-aware request slower, not faster
+ * (docs/performance.md, "ninth pass"). So the wrappers below clear the state after each
+ * dispatched call, and inputs too short for XXH3's vector loop (240 bytes and less, XXH3's
+ * "midsize" bound) go to the baseline entry points, where no vector state is touched. The
+ * names the rest of the code calls (XXH3_64bits_withSeed and the others it uses) are these
+ * wrappers. */
 #ifndef KVR_UTIL_XXH_H
 #define KVR_UTIL_XXH_H
 
 #include <xxhash.h>
-#if defined(__x86_64__) || defined(__i386__)
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define XXH_DISPATCH_DISABLE_REPLACE 1
+#include <immintrin.h>
 #include <xxh_x86dispatch.h>
+
+/* Inputs above this take XXH3's long (vector) path (xxhash.h, XXH3_MIDSIZE_MAX). */
+#define KVR_XXH_LONG 240
+
+/* Clears the upper vector state a dispatched call may leave; a no-op without AVX, where no
+ * call could have set it (and vzeroupper does not exist). */
+__attribute__((target("avx"))) static inline void kvr_xxh_vzeroupper(void)
+{
+    _mm256_zeroupper();
+}
+
+static inline void kvr_xxh_clean(void)
+{
+    if (__builtin_cpu_supports("avx"))
+        kvr_xxh_vzeroupper();
+}
+
+static inline XXH64_hash_t kvr_xxh3_64(const void *p, size_t n)
+{
+    if (n <= KVR_XXH_LONG)
+        return XXH3_64bits(p, n);
+    XXH64_hash_t h = XXH3_64bits_dispatch(p, n);
+    kvr_xxh_clean();
+    return h;
+}
+
+static inline XXH64_hash_t kvr_xxh3_64_seed(const void *p, size_t n, XXH64_hash_t seed)
+{
+    if (n <= KVR_XXH_LONG)
+        return XXH3_64bits_withSeed(p, n, seed);
+    XXH64_hash_t h = XXH3_64bits_withSeed_dispatch(p, n, seed);
+    kvr_xxh_clean();
+    return h;
+}
+
+static inline XXH128_hash_t kvr_xxh3_128(const void *p, size_t n)
+{
+    if (n <= KVR_XXH_LONG)
+        return XXH3_128bits(p, n);
+    XXH128_hash_t h = XXH3_128bits_dispatch(p, n);
+    kvr_xxh_clean();
+    return h;
+}
+
+static inline XXH128_hash_t kvr_xxh3_128_seed(const void *p, size_t n, XXH64_hash_t seed)
+{
+    if (n <= KVR_XXH_LONG)
+        return XXH3_128bits_withSeed(p, n, seed);
+    XXH128_hash_t h = XXH3_128bits_withSeed_dispatch(p, n, seed);
+    kvr_xxh_clean();
+    return h;
+}
+
+static inline XXH_errorcode kvr_xxh3_128_update(XXH3_state_t *st, const void *p, size_t n)
+{
+    if (n <= KVR_XXH_LONG) /* buffered, or one stripe run at most: the baseline is as fast */
+        return XXH3_128bits_update(st, p, n);
+    XXH_errorcode rc = XXH3_128bits_update_dispatch(st, p, n);
+    kvr_xxh_clean();
+    return rc;
+}
+
+#define XXH3_64bits kvr_xxh3_64
+#define XXH3_64bits_withSeed kvr_xxh3_64_seed
+#define XXH3_128bits kvr_xxh3_128
+#define XXH3_128bits_withSeed kvr_xxh3_128_seed
+#define XXH3_128bits_update kvr_xxh3_128_update
 #endif
 
 #endif
