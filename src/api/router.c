@@ -154,18 +154,15 @@ static void proxied_tree(kvr_app *app, kvr_http_req *r, kvr_endpoint ep, const c
     json_decref(j);
 }
 
-/* The kept message texts, offered to a chat body's scan (kvr_text_cache_known) when some
- * route reads routing texts: then most messages of a conversation's next turn are taken as
- * accepted before instead of validated again. Without such a route nothing is kept, and
- * offering would only hash every message for nothing. */
+/* The kept messages, offered to a chat body's scan (kvr_text_cache_known): most messages of
+ * a conversation's next turn are then taken as accepted before (found by hash) instead of
+ * validated again. Routes that read routing texts keep them with their texts; the others
+ * keep them without (kvr_text_cache_accept, in proxied()). */
 static const kvr_json_known *known_messages(kvr_app *app, kvr_endpoint ep, kvr_json_known *kn)
 {
     if (ep != KVR_EP_CHAT)
         return NULL;
-    int reads = 0;
-    for (size_t i = 0; i < app->routes->n && !reads; i++)
-        reads = app->routes->routes[i]->ops->uses_keys;
-    return reads && kvr_text_cache_known(app->text_cache, kn) ? kn : NULL;
+    return kvr_text_cache_known(app->text_cache, kn) ? kn : NULL;
 }
 
 /* A proxied endpoint: scan and validate the body once (no tree: routing/fields.h), find the
@@ -207,6 +204,11 @@ static void proxied(kvr_app *app, kvr_http_req *r, kvr_endpoint ep)
     }
     kvr_route *route = route_for(app, r, model);
     free(model);
+    if (route && ep == KVR_EP_CHAT && !route->ops->uses_keys) {
+        size_t n;
+        const kvr_json_elem *msgs = kvr_body_messages(&f, &n);
+        kvr_text_cache_accept(app->text_cache, body, msgs, n);
+    }
     if (route) {
         kvr_proxy_body b = {&f, NULL};
         kvr_proxy_forward(app, r, ep, route, &b);

@@ -23,6 +23,8 @@ typedef struct memo_ent {
     struct memo_ent *prev, *next;
     size_t len;
     kvr_json_kind role;    /* its last "role" member's kind, for the scan (kvr_json_known) */
+    int textless;          /* kept by kvr_text_cache_accept(): its bytes are known good, its
+                              text was never built (len 0) */
     char text[];
 } memo_ent;
 
@@ -241,9 +243,9 @@ int kvr_text_cache_known(kvr_text_cache *c, kvr_json_known *out)
     return 1;
 }
 
-static void memo_evict_tail(kvr_text_cache *c)
+/* Drops entry `e`. The eviction count moves, so no scan's hit on it is used afterwards. */
+static void memo_drop(kvr_text_cache *c, memo_ent *e)
 {
-    memo_ent *e = c->tail;
     memo_ent **pp = &c->bucket[e->key.low64 & c->mask];
     while (*pp != e)
         pp = &(*pp)->hnext;
@@ -252,6 +254,11 @@ static void memo_evict_tail(kvr_text_cache *c)
     c->bytes -= memo_cost(e->len);
     c->evictions++;
     free(e);
+}
+
+static void memo_evict_tail(kvr_text_cache *c)
+{
+    memo_drop(c, c->tail);
 }
 
 /* Keeps `text` under `key` (absent: memo_find() just missed it). A text above a sixteenth of
@@ -269,7 +276,9 @@ static int memo_add(kvr_text_cache *c, XXH128_hash_t key, const char *text, size
     e->key = key;
     e->len = len;
     e->role = role;
-    memcpy(e->text, text, len);
+    e->textless = !text;
+    if (len)
+        memcpy(e->text, text, len);
     while (c->tail && c->bytes + memo_cost(len) > c->max_bytes)
         memo_evict_tail(c);
     memo_ent **b = &c->bucket[key.low64 & c->mask];
@@ -509,11 +518,13 @@ static void put_message_memo(ctx *c, const kvr_json_span *msg, const kvr_json_el
         }
         e = memo_find(cache, key);
     }
-    if (e) {
+    if (e && !e->textless) {
         cache->mhits++;
         kvr_text_put(&c->w, e->text, e->len);
         return;
     }
+    if (e) /* accepted by a route that reads no text: built now and kept with it below */
+        memo_drop(cache, e);
     cache->mmisses++;
     size_t start = c->w.b->len;
     kvr_json_iter_init(&in, c->buf, msg);
@@ -526,6 +537,24 @@ static void put_message_memo(ctx *c, const kvr_json_span *msg, const kvr_json_el
     if (memo_add(cache, key, c->w.b->data + start, c->w.b->len - start,
                  el ? el->role : r.kind))
         sig_put(cache, c->buf + msg->off, msg->len);
+}
+
+void kvr_text_cache_accept(kvr_text_cache *c, const char *buf, const kvr_json_elem *el,
+                           size_t n)
+{
+    if (!c || !c->bucket)
+        return;
+    for (size_t i = 0; i < n; i++) {
+        if (el[i].keyed == KEYED_ENTRY && el[i].key[1] == c->evictions) {
+            memo_touch(c, (memo_ent *)(uintptr_t)el[i].key[0]);
+            continue;
+        }
+        if (el[i].keyed != KEYED_HASH)
+            continue; /* not offered to the memo (short, no object), or a stale hit */
+        XXH128_hash_t key = {.low64 = el[i].key[0], .high64 = el[i].key[1]};
+        if (!memo_peek(c, key) && memo_add(c, key, NULL, 0, el[i].role))
+            sig_put(c, buf + el[i].off, el[i].len);
+    }
 }
 
 /* ---- tools ---------------------------------------------------------------------------- */

@@ -403,6 +403,44 @@ def test_agent_turns_with_tool_calls_follow_their_history(sim_factory, kvroute, 
         assert hits >= 3 and misses >= 1 and 0 < kept <= 64 << 20, (hits, misses, kept)
 
 
+# A route that reads no routing text (round_robin) keeps the messages it accepted, without
+# their texts, so a later turn's scan takes the resent ones by hash instead of validating
+# them again; anything else in the body is still validated: a broken new message is a 400.
+def test_round_robin_keeps_accepted_messages_and_still_refuses_bad_bytes(sim_factory,
+                                                                         kvroute):
+    _, kv = sims_kv(sim_factory, kvroute, 2, policy="round_robin")
+    msgs = [{"role": "system", "content": system_prompt("rr", 3)},
+            {"role": "user", "content": unique_text(1, "rr")}]
+    assert metric(kv, "kvroute_routing_text_cache_bytes") == 0
+    for turn in range(3):
+        r = kv.post("/v1/chat/completions", {"model": SIM_MODEL, "messages": msgs,
+                                             "max_tokens": 4})
+        assert r.status_code == 200, r.text
+        msgs = msgs + [{"role": "assistant", "content": "reply %d, long enough to be kept by "
+                        "the router's message memo" % turn},
+                       {"role": "user", "content": unique_text(turn + 2, "rr")}]
+    kept = metric(kv, "kvroute_routing_text_cache_bytes")
+    assert 0 < kept < 64 << 10, kept
+    # no routing text was built or taken: the counters are the text-reading routes'
+    assert metric(kv, "kvroute_routing_text_cache_hits_total") == 0
+    assert metric(kv, "kvroute_routing_text_cache_misses_total") == 0
+    good = json.dumps({"model": SIM_MODEL, "messages": msgs, "max_tokens": 4}).encode()
+    # the kept messages resent, then a new one holding a raw control byte: refused
+    tail = b',{"role":"user","content":"a raw \x01 control byte, long enough to be offered"}]'
+    i = good.rindex(b"]")
+    bad = good[:i] + tail + good[i + 1:]
+    r = kv.post("/v1/chat/completions", content=bad)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json", r.text
+    # a kept message with one byte changed inside its string: it is no longer known, and
+    # its invalid escape is found
+    j = good.index(b"reply 0")
+    bad = good[:j] + b"\\q" + good[j + 2:]
+    r = kv.post("/v1/chat/completions", content=bad)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json", r.text
+    r = kv.post("/v1/chat/completions", content=good)
+    assert r.status_code == 200, r.text
+
+
 def test_completions_token_ids_route_by_prefix_never_by_count(sim_factory, kvroute, clients):
     _, kv = sims_kv(sim_factory, kvroute, 4)
     c = clients(kv)

@@ -341,6 +341,59 @@ static void test_message_memo_evicted_between_scan_and_build(void **state)
     kvr_text_cache_free(c);
 }
 
+/* A route that reads no routing text keeps the messages it accepted without their texts
+ * (kvr_text_cache_accept): the next scan of the same bytes takes them as known, and a
+ * text-reading route that meets them later builds their texts (the tree's) and keeps them. */
+static void test_message_memo_accepted_without_text(void **state)
+{
+    (void)state;
+    kvr_text_cache *c = kvr_text_cache_new(1u << 16, 16);
+    assert_non_null(c);
+    const char *t2 = "{\"model\":\"m\",\"messages\":[{\"role\":\"system\",\"content\":\"You "
+                     "are a helpful agent.\\nBe brief.\"},{\"role\":\"user\",\"content\":\"book a "
+                     "flight\"},{\"role\":\"assistant\",\"content\":\"Where to?\"},{\"role\":"
+                     "\"user\",\"content\":\"Paris\"},\"not an object\"]}";
+    size_t len = strlen(t2), n;
+    uint64_t h, m;
+    size_t bytes;
+    /* first seen: hashed, not found, accepted */
+    g_known = 0;
+    scan_body(t2, len, c);
+    assert_int_equal(g_known, 0);
+    const kvr_json_elem *el = kvr_body_messages(&g_f, &n);
+    assert_int_equal(n, 5);
+    kvr_text_cache_accept(c, t2, el, n);
+    kvr_text_cache_memo_stats(c, &h, &m, &bytes);
+    assert_int_equal(h + m, 0); /* no text built or taken */
+    assert_true(bytes > 0 && bytes < 4 * 128);
+    size_t kept = bytes;
+    /* the same bytes again: the four objects known (the string is never offered) */
+    scan_body(t2, len, c);
+    assert_int_equal(g_known, 4);
+    kvr_text_cache_accept(c, t2, kvr_body_messages(&g_f, &n), n);
+    kvr_text_cache_memo_stats(c, &h, &m, &bytes);
+    assert_int_equal(bytes, kept); /* nothing added twice */
+    /* a text-reading route: texts built (as the tree's), kept with them */
+    assert_int_equal(same_text(t2, len, KVR_ROUTE_CHAT, 0, c), 0);
+    kvr_text_cache_memo_stats(c, &h, &m, &bytes);
+    assert_int_equal(h, 0);
+    assert_int_equal(m, 4);
+    assert_true(bytes > kept);
+    assert_int_equal(same_text(t2, len, KVR_ROUTE_CHAT, 0, c), 0);
+    kvr_text_cache_memo_stats(c, &h, &m, &bytes);
+    assert_int_equal(h, 4);
+    assert_int_equal(m, 4);
+    /* no budget: accept keeps nothing */
+    kvr_text_cache_free(c);
+    c = kvr_text_cache_new(0, 16);
+    scan_body(t2, len, c);
+    kvr_text_cache_accept(c, t2, kvr_body_messages(&g_f, &n), n);
+    kvr_text_cache_memo_stats(c, &h, &m, &bytes);
+    assert_int_equal(h + m + bytes, 0);
+    kvr_text_cache_accept(NULL, t2, kvr_body_messages(&g_f, &n), n);
+    kvr_text_cache_free(c);
+}
+
 /* Every request of a trace: each conversation cut after every assistant turn, as one chat
  * body (ensure_ascii spelling from jansson, so escapes too), with and without tools. */
 static void trace_check(const char *path, size_t *requests)
@@ -467,6 +520,7 @@ int main(void)
         cmocka_unit_test(test_tools_cache),
         cmocka_unit_test(test_message_memo),
         cmocka_unit_test(test_message_memo_evicted_between_scan_and_build),
+        cmocka_unit_test(test_message_memo_accepted_without_text),
         cmocka_unit_test(test_traces),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
