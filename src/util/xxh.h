@@ -41,50 +41,28 @@ static inline void kvr_xxh_clean(void)
         kvr_xxh_vzeroupper();
 }
 
-static inline XXH64_hash_t kvr_xxh3_64(const void *p, size_t n)
-{
-    if (n <= KVR_XXH_LONG)
-        return XXH3_64bits(p, n);
-    XXH64_hash_t h = XXH3_64bits_dispatch(p, n);
-    kvr_xxh_clean();
-    return h;
-}
+/* `name` PARAMS: the baseline `base` ARGS for inputs of n <= KVR_XXH_LONG bytes, else the
+ * dispatched `base`_dispatch ARGS followed by kvr_xxh_clean(). */
+#define KVR_XXH_WRAP(type, name, base, params, args)                                          \
+    static inline type name params                                                            \
+    {                                                                                         \
+        if (n <= KVR_XXH_LONG)                                                                \
+            return base args;                                                                 \
+        type h = base##_dispatch args;                                                        \
+        kvr_xxh_clean();                                                                      \
+        return h;                                                                             \
+    }
 
-static inline XXH64_hash_t kvr_xxh3_64_seed(const void *p, size_t n, XXH64_hash_t seed)
-{
-    if (n <= KVR_XXH_LONG)
-        return XXH3_64bits_withSeed(p, n, seed);
-    XXH64_hash_t h = XXH3_64bits_withSeed_dispatch(p, n, seed);
-    kvr_xxh_clean();
-    return h;
-}
-
-static inline XXH128_hash_t kvr_xxh3_128(const void *p, size_t n)
-{
-    if (n <= KVR_XXH_LONG)
-        return XXH3_128bits(p, n);
-    XXH128_hash_t h = XXH3_128bits_dispatch(p, n);
-    kvr_xxh_clean();
-    return h;
-}
-
-static inline XXH128_hash_t kvr_xxh3_128_seed(const void *p, size_t n, XXH64_hash_t seed)
-{
-    if (n <= KVR_XXH_LONG)
-        return XXH3_128bits_withSeed(p, n, seed);
-    XXH128_hash_t h = XXH3_128bits_withSeed_dispatch(p, n, seed);
-    kvr_xxh_clean();
-    return h;
-}
-
-static inline XXH_errorcode kvr_xxh3_128_update(XXH3_state_t *st, const void *p, size_t n)
-{
-    if (n <= KVR_XXH_LONG) /* buffered, or one stripe run at most: the baseline is as fast */
-        return XXH3_128bits_update(st, p, n);
-    XXH_errorcode rc = XXH3_128bits_update_dispatch(st, p, n);
-    kvr_xxh_clean();
-    return rc;
-}
+KVR_XXH_WRAP(XXH64_hash_t, kvr_xxh3_64, XXH3_64bits, (const void *p, size_t n), (p, n))
+KVR_XXH_WRAP(XXH64_hash_t, kvr_xxh3_64_seed, XXH3_64bits_withSeed,
+             (const void *p, size_t n, XXH64_hash_t seed), (p, n, seed))
+KVR_XXH_WRAP(XXH128_hash_t, kvr_xxh3_128, XXH3_128bits, (const void *p, size_t n), (p, n))
+KVR_XXH_WRAP(XXH128_hash_t, kvr_xxh3_128_seed, XXH3_128bits_withSeed,
+             (const void *p, size_t n, XXH64_hash_t seed), (p, n, seed))
+/* Streaming: short pieces are buffered, or run one stripe at most, where the baseline is as
+ * fast. */
+KVR_XXH_WRAP(XXH_errorcode, kvr_xxh3_128_update, XXH3_128bits_update,
+             (XXH3_state_t * st, const void *p, size_t n), (st, p, n))
 
 #define XXH3_64bits kvr_xxh3_64
 #define XXH3_64bits_withSeed kvr_xxh3_64_seed
