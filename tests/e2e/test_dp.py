@@ -429,15 +429,20 @@ def test_tau_bench_rank_aware_matches_four_separate_sims(tmp_path):
 
 # ============================================================================ kvroute-sim ranks
 def free_port_run(n):
-    """A port p with p..p+n-1 all free on 127.0.0.1 now (vLLM's per-rank ports are p + r)."""
+    """A port p with p..p+n-1 all free on 127.0.0.1 now (vLLM's per-rank ports are p + r).
+    Probed as the sim's listeners bind (SO_REUSEADDR, as libuv and ZeroMQ set it): a port
+    whose only user is a closed connection in TIME_WAIT is free for them. Without it, a busy
+    machine's TIME_WAIT sockets (the ports next to an ephemeral one are ephemeral too) failed
+    every probe."""
     import socket
-    for _ in range(50):
+    for _ in range(200):
         p = free_port()
         socks = []
         try:
             for i in range(n):
                 sk = socket.socket()
                 socks.append(sk)
+                sk.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 sk.bind(("127.0.0.1", p + i))
             return p
         except OSError:
