@@ -25,6 +25,9 @@ typedef struct memo_ent {
     kvr_json_kind role;    /* its last "role" member's kind, for the scan (kvr_json_known) */
     int textless;          /* kept by kvr_text_cache_accept(): its bytes are known good, its
                               text was never built (len 0) */
+    size_t next_len;       /* the raw length of the element that followed it when it was last
+                              found (0: none seen), and that element's last NEXT_TAIL bytes: */
+    unsigned char next_tail[16]; /* the guess for the element after it (memo_guess) */
     char text[];
 } memo_ent;
 
@@ -53,6 +56,9 @@ struct kvr_text_cache {
     memo_sig *sig;     /* SIG_PER_BUCKET per bucket, direct-mapped by the start's hash */
     const char *guess_p; /* the last guess's start and answer: find() asked about exactly */
     size_t guess_n;      /* those bytes needs not remember them again */
+    memo_ent *prev;      /* the entry the last find() hit, ending at prev_end, while the */
+    const char *prev_end; /* eviction count is prev_ev (else gone): the element after it is */
+    uint64_t prev_ev;    /* guessed to be the one that followed it last time */
     memo_ent *head, *tail;
     size_t bytes, max_bytes, min_raw;
     uint64_t seed, mhits, mmisses;
@@ -191,13 +197,35 @@ static void sig_put(kvr_text_cache *c, const char *p, size_t n)
     s->len = n;
 }
 
-/* kvr_json_known's guess: the raw length of the kept message last seen starting with the
- * same bytes. */
+/* Bytes a conversation's next element is checked by before its length is guessed from its
+ * predecessor: its end, where messages differ (their starts, `{"role":"user",...`, do not). */
+#define NEXT_TAIL 16
+/* Most bytes between two elements of an array (a comma and whitespace) for them to count as
+ * neighbours. */
+#define NEXT_GAP 8
+
+/* The entry found just before p (its element ended at most NEXT_GAP bytes earlier), if it is
+ * still kept. */
+static memo_ent *prev_of(const kvr_text_cache *c, const char *p)
+{
+    if (!c->prev || c->prev_ev != c->evictions || p < c->prev_end ||
+        (size_t)(p - c->prev_end) > NEXT_GAP)
+        return NULL;
+    return c->prev;
+}
+
+/* kvr_json_known's guess: the raw length of the element that followed the previous one last
+ * time, when its last bytes match (a conversation's next turn resends its messages in
+ * order); else of the kept message last seen starting with the same bytes. */
 static size_t memo_guess(void *ctx, const char *p, size_t avail)
 {
     kvr_text_cache *c = ctx;
     size_t n = 0;
-    if (avail >= SIG_BYTES) {
+    const memo_ent *pe = prev_of(c, p);
+    if (pe && pe->next_len >= NEXT_TAIL && pe->next_len <= avail &&
+        !memcmp(p + pe->next_len - NEXT_TAIL, pe->next_tail, NEXT_TAIL)) {
+        n = pe->next_len;
+    } else if (avail >= SIG_BYTES) {
         uint64_t sig;
         const memo_sig *s = sig_slot(c, p, &sig);
         n = s->sig == sig && s->len <= avail ? s->len : 0;
@@ -216,6 +244,19 @@ static int memo_known(void *ctx, const char *p, size_t n, kvr_json_elem *el)
     kvr_text_cache *c = ctx;
     XXH128_hash_t key = XXH3_128bits_withSeed(p, n, c->seed);
     memo_ent *e = memo_peek(c, key);
+    /* A guessed length that misses may be wrong: only a hit or a located element (asked
+     * without a guess, or after a wrong one) is where the next one starts. */
+    int placed = e || p != c->guess_p || n != c->guess_n;
+    memo_ent *pe = placed ? prev_of(c, p) : NULL;
+    if (pe && n >= NEXT_TAIL) {
+        pe->next_len = n;
+        memcpy(pe->next_tail, p + n - NEXT_TAIL, NEXT_TAIL);
+    }
+    if (placed) {
+        c->prev = e;
+        c->prev_end = p + n;
+        c->prev_ev = c->evictions;
+    }
     if (!e) {
         el->key[0] = key.low64;
         el->key[1] = key.high64;
@@ -277,6 +318,7 @@ static int memo_add(kvr_text_cache *c, XXH128_hash_t key, const char *text, size
     e->len = len;
     e->role = role;
     e->textless = !text;
+    e->next_len = 0;
     if (len)
         memcpy(e->text, text, len);
     while (c->tail && c->bytes + memo_cost(len) > c->max_bytes)

@@ -66,7 +66,7 @@ int kvr_text_cache_known(kvr_text_cache *c, kvr_json_known *out);
 /** Keeps the messages of a body whose scan (with kvr_text_cache_known()) accepted it, for a
  *  route that builds no routing text: `el`, `n` its recorded messages (kvr_body_messages()).
  *  Messages the scan hashed and did not find are kept without a text (only their hash and
- *  role, 56 bytes each in the budget), so a later body resending them byte for
+ *  role, 80 bytes each in the budget), so a later body resending them byte for
  *  byte skips their validation, as cache_aware's do; those it found become the most recent.
  *  A text-reading route that later meets such a message builds its text then and keeps it.
  *  NULL `c`, or one without a memo budget: a no-op. Out of memory keeps fewer. */

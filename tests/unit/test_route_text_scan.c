@@ -394,6 +394,41 @@ static void test_message_memo_accepted_without_text(void **state)
     kvr_text_cache_free(c);
 }
 
+/* Messages under the 128 bytes the start-of-message guess needs are found without being
+ * located when the message before them was found: the length of the element that followed
+ * it last time is tried when its last bytes match. Another conversation sharing the first
+ * message but not the second gets its own texts (a wrong guess is only a miss). */
+static void test_message_memo_guesses_the_next_message(void **state)
+{
+    (void)state;
+    kvr_text_cache *c = kvr_text_cache_new(1u << 16, 16);
+    assert_non_null(c);
+    const char *a = "{\"messages\":[{\"role\":\"system\",\"content\":\"short rules, under 128 bytes "
+                    "as written\"},{\"role\":\"user\",\"content\":\"first question of this "
+                    "conversation\"}, {\"role\":\"assistant\",\"content\":\"its first answer, "
+                    "short\"}]}";
+    const char *b = "{\"messages\":[{\"role\":\"system\",\"content\":\"short rules, under 128 bytes "
+                    "as written\"},{\"role\":\"user\",\"content\":\"a question of another "
+                    "conversation\"},{\"role\":\"assistant\",\"content\":\"another answer\"}]}";
+    g_guessed = 0;
+    for (int round = 0; round < 2; round++) /* kept, then found and their order learnt */
+        assert_int_equal(same_text(a, strlen(a), KVR_ROUTE_CHAT, 0, c), 0);
+    assert_int_equal(g_guessed, 0); /* all under 128 bytes: nothing to guess from yet */
+    size_t before = g_guessed;
+    for (int round = 0; round < 3; round++)
+        assert_int_equal(same_text(a, strlen(a), KVR_ROUTE_CHAT, 0, c), 0);
+    assert_true(g_guessed - before >= 4); /* the 2nd and 3rd each time, bar a spoilt guess */
+    uint64_t h0, m0, h, m;
+    size_t bytes;
+    kvr_text_cache_memo_stats(c, &h0, &m0, &bytes);
+    assert_int_equal(same_text(b, strlen(b), KVR_ROUTE_CHAT, 0, c), 0);
+    kvr_text_cache_memo_stats(c, &h, &m, &bytes);
+    assert_int_equal(h, h0 + 1); /* the shared system message */
+    assert_int_equal(m, m0 + 2);
+    assert_int_equal(same_text(a, strlen(a), KVR_ROUTE_CHAT, 0, c), 0);
+    kvr_text_cache_free(c);
+}
+
 /* Every request of a trace: each conversation cut after every assistant turn, as one chat
  * body (ensure_ascii spelling from jansson, so escapes too), with and without tools. */
 static void trace_check(const char *path, size_t *requests)
@@ -521,6 +556,7 @@ int main(void)
         cmocka_unit_test(test_message_memo),
         cmocka_unit_test(test_message_memo_evicted_between_scan_and_build),
         cmocka_unit_test(test_message_memo_accepted_without_text),
+        cmocka_unit_test(test_message_memo_guesses_the_next_message),
         cmocka_unit_test(test_traces),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
