@@ -92,6 +92,14 @@ typedef struct wrec {
     uint32_t head;               /* most recently used slot */
     uint32_t tail;               /* least recently used slot: the next victim */
     int used;
+    uint32_t *touch;             /* slots of this worker's holdings of chain blocks
+                                    0..touch_n-1 as its last insert left them; only a hint,
+                                    checked on use (a slot still holding (block, worker) is
+                                    that holding: a worker holds a block in one slot at most).
+                                    Per worker, so requests that alternate between workers
+                                    each find their own; kept across forget (reused record) */
+    size_t touch_n;
+    size_t touch_alloc;
 } wrec;
 
 struct kvr_prefix_index {
@@ -113,11 +121,6 @@ struct kvr_prefix_index {
                                     them) and hashes no block again */
     size_t chain_text_alloc;
     int match_valid;             /* the chain is the last match's, no insert since (match_use) */
-    uint32_t *touch;             /* slots of the chain's blocks as the last insert left them */
-    size_t touch_alloc;
-    size_t touch_n;              /* touch[0..touch_n) named worker touch_w's holdings of chain
-                                    blocks 0..touch_n-1 then; only a hint, checked on use */
-    uint32_t touch_w;
     wrec *w;
     size_t nw;                   /* records allocated (used or free) */
     uint32_t *ext2int;           /* registry id -> internal index + 1; 0 = none */
@@ -299,10 +302,11 @@ void kvr_prefix_index_destroy(kvr_prefix_index *ix)
         return;
     for (unsigned i = 0; i < NSHARDS; i++)
         free_arrays(&ix->sh[i]);
+    for (size_t i = 0; i < ix->nw; i++)
+        free(ix->w[i].touch);
     free(ix->w);
     free(ix->ext2int);
     free(ix->chain);
-    free(ix->touch);
     free(ix->chain_text);
     free(ix->cset);
     free(ix->want);
@@ -560,10 +564,15 @@ static long worker_get(kvr_prefix_index *ix, size_t ext)
         if (!nw || !want)
             return -1;
         ix->want[ix->nw] = 0;
+        memset(&ix->w[ix->nw], 0, sizeof(*ix->w));
         ix->nw++;
     }
     wrec *w = &ix->w[i];
+    uint32_t *touch = w->touch; /* a reused record keeps its scratch, not its hint */
+    size_t touch_alloc = w->touch_alloc;
     memset(w, 0, sizeof(*w));
+    w->touch = touch;
+    w->touch_alloc = touch_alloc;
     w->ext = ext;
     w->head = w->tail = NIL;
     w->used = 1;
@@ -716,7 +725,8 @@ static int rebuild(kvr_prefix_index *ix, unsigned si, size_t nb)
     sh->slots = na.slots;
     sh->st = na.st;
     sh->nb = nb;
-    ix->touch_n = 0; /* the slots it named may lie past this shard's new arrays */
+    for (size_t i = 0; i < ix->nw; i++)
+        ix->w[i].touch_n = 0; /* the slots a hint named may lie past this shard's arrays */
     return 0;
 }
 
@@ -998,10 +1008,23 @@ static int chain_hash(kvr_prefix_index *ix, const char *p, size_t len, size_t up
     return 0;
 }
 
+/* 1 when slot `id` holds fingerprint `fp` for worker slot `wi`. */
+static inline int slot_holds(const kvr_prefix_index *ix, uint32_t id, uint64_t fp, uint32_t wi)
+{
+    uint64_t kw = at(ix, id)->kw;
+    return kw && KW_FP(kw) == fp && KW_W(kw) == wi;
+}
+
+/* Whether worker slot `wi` holds chain block `block`: one load when its last insert's hint
+ * still names the holding (the worker's own conversation, the usual case), else a lookup. */
 static int holds(const kvr_prefix_index *ix, uint32_t wi, size_t block)
 {
+    uint64_t fp = fp_of(ix->chain[block]);
+    const wrec *w = &ix->w[wi];
+    if (block < w->touch_n && slot_holds(ix, w->touch[block], fp, wi))
+        return 1;
     kfind f;
-    key_find(ix, fp_of(ix->chain[block]), wi, &f);
+    key_find(ix, fp, wi, &f);
     return f.slot != NIL;
 }
 
@@ -1154,34 +1177,29 @@ int kvr_prefix_index_insert_keys(kvr_prefix_index *ix, size_t worker, const uint
  * following the list (one probe per break in it), and each consecutive stretch is moved as a
  * whole. Returns -1, changing nothing, when a block is not held after all (a hole: holdings
  * are not prefix-closed after a group overflowed) or memory ran out. */
-static int grow_touch(kvr_prefix_index *ix, size_t n)
+static int grow_touch(kvr_prefix_index *ix, uint32_t wi, size_t n)
 {
-    void *p = ix->touch;
-    int rc = grow_scratch(&p, &ix->touch_alloc, sizeof(*ix->touch), n);
-    ix->touch = p;
+    wrec *w = &ix->w[wi];
+    void *p = w->touch;
+    int rc = grow_scratch(&p, &w->touch_alloc, sizeof(*w->touch), n);
+    w->touch = p;
     return rc;
 }
 
 static int touch_run(kvr_prefix_index *ix, uint32_t wi, size_t h)
 {
-    if (grow_touch(ix, h) < 0)
+    if (grow_touch(ix, wi, h) < 0)
         return -1;
-    uint32_t *id = ix->touch;
+    uint32_t *id = ix->w[wi].touch;
     size_t k = 0;
     /* A request teaches its prompt when the answer starts and prompt + reply when it ends: the
      * second finds the slots the first left here, unless the table moved them meanwhile. A
      * worker holds a block in one slot at most, so a slot still holding (block, worker) is
      * it; these loads do not depend on each other, unlike the walk below. */
-    if (ix->touch_w == wi) {
-        size_t lim = h < ix->touch_n ? h : ix->touch_n;
-        while (k < lim) {
-            uint64_t kw = at(ix, id[k])->kw;
-            if (!kw || KW_FP(kw) != fp_of(ix->chain[k]) || KW_W(kw) != wi)
-                break;
-            k++;
-        }
-    }
-    ix->touch_n = 0;
+    size_t lim = h < ix->w[wi].touch_n ? h : ix->w[wi].touch_n;
+    while (k < lim && slot_holds(ix, id[k], fp_of(ix->chain[k]), wi))
+        k++;
+    ix->w[wi].touch_n = 0;
     /* Each step reads the slot the previous one links to: a chain of dependent loads over a
      * table much larger than the cache. Block k's slot lies in one of its key's two buckets,
      * known from its key alone, so fetching them 8 blocks ahead overlaps those misses. */
@@ -1246,7 +1264,7 @@ static int insert_blocks(kvr_prefix_index *ix, uint32_t wi, size_t from, size_t 
 static int place_behind(kvr_prefix_index *ix, uint32_t wi, size_t h, size_t m)
 {
     wrec *w = &ix->w[wi];
-    uint32_t *id = ix->touch;
+    uint32_t *id = w->touch;
     uint32_t b = w->head;
     for (size_t k = h; k < m; k++) {
         if (k > h)
@@ -1311,7 +1329,7 @@ static int insert_chain(kvr_prefix_index *ix, uint32_t wi, size_t m, size_t cap,
     /* The usual insert repeats a text the worker mostly holds (the next turn of its
      * conversation): only the blocks past its held run are looked up one by one. */
     size_t h = ix->w[wi].count ? held_run(ix, wi, NULL, 0, m) : 0;
-    if (grow_touch(ix, m) < 0)
+    if (grow_touch(ix, wi, m) < 0)
         return -1;
     new_only = new_only && h;
     if (new_only && h == m)
@@ -1326,8 +1344,7 @@ static int insert_chain(kvr_prefix_index *ix, uint32_t wi, size_t m, size_t cap,
     /* touch[] now names blocks 0..m-1's slots (insert_blocks records those it finds or
      * places; after place_behind, blocks 0..h-1's are the last insert's, a hint checked on
      * use): the reply's insert that usually follows reuses them. */
-    ix->touch_n = rc == 0 ? m : 0;
-    ix->touch_w = wi;
+    ix->w[wi].touch_n = rc == 0 ? m : 0;
     while (ix->w[wi].count > cap)
         evict_one(ix, wi);
     enforce_global_cap(ix);
@@ -1350,7 +1367,7 @@ static int insert_blocks(kvr_prefix_index *ix, uint32_t wi, size_t from, size_t 
         if (f.slot != NIL) {
             lru_unlink(ix, w, f.slot);
             lru_push_head(ix, w, f.slot);
-            ix->touch[k] = f.slot;
+            w->touch[k] = f.slot;
             continue;
         }
         if (f.last_g >= MAX_GROUPS)
@@ -1406,7 +1423,7 @@ static int insert_blocks(kvr_prefix_index *ix, uint32_t wi, size_t from, size_t 
         if (!f.holders)
             ix->keys++;
         lru_push_head(ix, w, s);
-        ix->touch[k] = s;
+        w->touch[k] = s;
     }
 out:
     return rc;
@@ -1541,6 +1558,7 @@ size_t kvr_prefix_index_forget_worker(kvr_prefix_index *ix, size_t worker)
     w->used = 0;
     w->count = 0;
     w->learned = 0;
+    w->touch_n = 0;
     w->head = w->tail = NIL;
     ix->ext2int[worker] = 0;
     update_need(ix);
@@ -1559,6 +1577,19 @@ static int stamp_of(const kvr_prefix_index *ix, uint32_t wi, uint64_t fp, uint32
     return 1;
 }
 
+/* stamp_of() for chain block `block`: one load when the worker's hint names its holding. */
+static int stamp_at(const kvr_prefix_index *ix, uint32_t wi, size_t block, uint32_t *out)
+{
+    const wrec *w = &ix->w[wi];
+    uint64_t fp = fp_of(ix->chain[block]);
+    if (block < w->touch_n && slot_holds(ix, w->touch[block], fp, wi)) {
+        uint32_t id = w->touch[block];
+        *out = ix->sh[id >> LOCAL_BITS].st[id & LOCAL_MASK];
+        return 1;
+    }
+    return stamp_of(ix, wi, fp, out);
+}
+
 void kvr_prefix_index_match_use(kvr_prefix_index *ix, size_t worker, size_t matched,
                                 kvr_prefix_use *out)
 {
@@ -1568,19 +1599,18 @@ void kvr_prefix_index_match_use(kvr_prefix_index *ix, size_t worker, size_t matc
     if (wl < 0 || !m || !ix->match_valid || m > ix->chain_n || m > UINT32_MAX)
         return;
     uint32_t wi = (uint32_t)wl;
-    const uint64_t *key = ix->chain;
     out->gen = ix->w[wi].gen;
     /* Stamps never increase along the chain (an insert touching a block touches its ancestors
      * in the same call), so each run of equal stamps is found by galloping then bisecting:
      * O(runs × log blocks) probes, 2 for the usual single run. */
     size_t lo = 0;
     uint32_t s_lo;
-    if (!stamp_of(ix, wi, fp_of(key[0]), &s_lo))
+    if (!stamp_at(ix, wi, 0, &s_lo))
         return;
     while (lo < m) {
         uint32_t s_last;
         size_t r = out->runs;
-        while (!stamp_of(ix, wi, fp_of(key[m - 1]), &s_last))
+        while (!stamp_at(ix, wi, m - 1, &s_last))
             m--; /* not held after all (an eviction since the match): the chain ends sooner */
         if (m <= lo)
             break;
@@ -1597,7 +1627,7 @@ void kvr_prefix_index_match_use(kvr_prefix_index *ix, size_t worker, size_t matc
         uint32_t sx;
         while (eq + step < ne) {
             size_t x = eq + step;
-            if (!stamp_of(ix, wi, fp_of(key[x]), &sx) || sx != s_lo) {
+            if (!stamp_at(ix, wi, x, &sx) || sx != s_lo) {
                 ne = x;
                 break;
             }
@@ -1606,7 +1636,7 @@ void kvr_prefix_index_match_use(kvr_prefix_index *ix, size_t worker, size_t matc
         }
         while (ne - eq > 1) {
             size_t x = eq + (ne - eq) / 2;
-            if (!stamp_of(ix, wi, fp_of(key[x]), &sx) || sx != s_lo)
+            if (!stamp_at(ix, wi, x, &sx) || sx != s_lo)
                 ne = x;
             else
                 eq = x;
@@ -1615,7 +1645,7 @@ void kvr_prefix_index_match_use(kvr_prefix_index *ix, size_t worker, size_t matc
         out->stamp[r] = s_lo;
         out->runs = (uint32_t)r + 1;
         lo = ne;
-        if (!stamp_of(ix, wi, fp_of(key[lo]), &s_lo))
+        if (!stamp_at(ix, wi, lo, &s_lo))
             break; /* a hole in the chain: what follows cannot be vouched for */
     }
 }
@@ -1730,6 +1760,7 @@ void kvr_prefix_index_stats_get(const kvr_prefix_index *ix, kvr_prefix_index_sta
     out->memory_bytes = sizeof(*ix) + out->table_slots * (sizeof(slot) + sizeof(uint32_t)) +
                         ix->nw * (sizeof(wrec) + sizeof(uint32_t)) +
                         ix->next_alloc * sizeof(uint32_t) + ix->chain_alloc * sizeof(uint64_t) +
-                        ix->cset_alloc * sizeof(uint64_t) + ix->chain_text_alloc +
-                        ix->touch_alloc * sizeof(uint32_t);
+                        ix->cset_alloc * sizeof(uint64_t) + ix->chain_text_alloc;
+    for (size_t i = 0; i < ix->nw; i++)
+        out->memory_bytes += ix->w[i].touch_alloc * sizeof(uint32_t);
 }
