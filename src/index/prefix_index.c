@@ -100,6 +100,15 @@ typedef struct wrec {
                                     each find their own; kept across forget (reused record) */
     size_t touch_n;
     size_t touch_alloc;
+    uint64_t mod;                /* +1 on every change to this worker's list or to where its
+                                    holdings sit (w_change) */
+    uint64_t touch_mod;          /* mod when `ordered` was last established */
+    int ordered;                 /* while mod == touch_mod: touch[0..touch_n) are this
+                                    worker's touch_n most recent holdings, head first */
+    int run_pending;             /* touch[0..touch_n)'s stamps are run_stamp, not yet written
+                                    (w_settle writes them before anything reads or moves
+                                    them); only while ordered and unchanged */
+    uint32_t run_stamp;
 } wrec;
 
 struct kvr_prefix_index {
@@ -121,6 +130,7 @@ struct kvr_prefix_index {
                                     them) and hashes no block again */
     size_t chain_text_alloc;
     int match_valid;             /* the chain is the last match's, no insert since (match_use) */
+    int chain_holes;             /* the running insert left a block of the chain unrecorded */
     wrec *w;
     size_t nw;                   /* records allocated (used or free) */
     uint32_t *ext2int;           /* registry id -> internal index + 1; 0 = none */
@@ -361,9 +371,13 @@ static void key_find(const kvr_prefix_index *ix, uint64_t fp, uint32_t wi, kfind
  * being rebuilt) to the empty local slot `dst`, its use stamp with it. In the live table its
  * LRU neighbours (or its worker's list ends) are re-pointed; during a rebuild of that shard the
  * links are fixed afterwards, so only the old->new map is updated. */
+static void w_change(kvr_prefix_index *ix, wrec *w);
+
 static void move_slot(kvr_prefix_index *ix, unsigned si, shard *a, uint32_t src, uint32_t dst)
 {
     slot *t = a->slots;
+    if (!ix->rb_map) /* a rebuild settled every worker before it began */
+        w_change(ix, &ix->w[KW_W(t[src].kw)]);
     t[dst] = t[src];
     a->st[dst] = a->st[src];
     t[src].kw = 0;
@@ -478,8 +492,36 @@ static uint32_t table_place(kvr_prefix_index *ix, unsigned si, shard *a, uint64_
 
 /* ---- per-worker LRU ------------------------------------------------------------------- */
 
+/* Writes a worker's deferred run stamps (see insert_chain's repeat case). */
+static void w_settle(kvr_prefix_index *ix, wrec *w)
+{
+    if (!w->run_pending)
+        return;
+    w->run_pending = 0;
+    uint32_t wi = (uint32_t)(w - ix->w);
+    for (size_t k = 0; k < w->touch_n; k++) {
+        uint32_t id = w->touch[k];
+        if (KW_W(at(ix, id)->kw) == wi) /* always, while pending; a guard for other workers */
+            ix->sh[id >> LOCAL_BITS].st[id & LOCAL_MASK] = w->run_stamp;
+    }
+}
+
+static void settle_all(kvr_prefix_index *ix)
+{
+    for (size_t i = 0; i < ix->nw; i++)
+        w_settle(ix, &ix->w[i]);
+}
+
+/* Called before anything changes worker `w`'s list or moves one of its holdings. */
+static void w_change(kvr_prefix_index *ix, wrec *w)
+{
+    w_settle(ix, w);
+    w->mod++;
+}
+
 static void lru_unlink(kvr_prefix_index *ix, wrec *w, uint32_t id)
 {
+    w_change(ix, w);
     slot *x = at(ix, id);
     if (x->prev != NIL)
         at(ix, x->prev)->next = x->next;
@@ -495,6 +537,7 @@ static void lru_unlink(kvr_prefix_index *ix, wrec *w, uint32_t id)
  * worker's LRU tail to its head. */
 static void lru_push_head(kvr_prefix_index *ix, wrec *w, uint32_t id)
 {
+    w_change(ix, w);
     ix->sh[id >> LOCAL_BITS].st[id & LOCAL_MASK] = ix->clock;
     slot *x = at(ix, id);
     x->prev = NIL;
@@ -659,6 +702,7 @@ static int rebuild(kvr_prefix_index *ix, unsigned si, size_t nb)
         big_free(rev, new_n * sizeof(uint32_t));
         return -1;
     }
+    settle_all(ix);
     ix->rb_map = map;
     ix->rb_rev = rev;
     int ok = 1;
@@ -725,8 +769,10 @@ static int rebuild(kvr_prefix_index *ix, unsigned si, size_t nb)
     sh->slots = na.slots;
     sh->st = na.st;
     sh->nb = nb;
-    for (size_t i = 0; i < ix->nw; i++)
+    for (size_t i = 0; i < ix->nw; i++) {
         ix->w[i].touch_n = 0; /* the slots a hint named may lie past this shard's arrays */
+        ix->w[i].mod++;
+    }
     return 0;
 }
 
@@ -838,6 +884,7 @@ static void age_sweep(kvr_prefix_index *ix, unsigned si)
 {
     shard *sh = &ix->sh[si];
     uint32_t floor = ix->clock - MAX_AGE;
+    settle_all(ix);
     for (size_t i = 0, n = sh->nb * BUCKET; i < n; i++)
         if (sh->slots[i].kw && (int32_t)(sh->st[i] - floor) < 0)
             sh->st[i] = floor;
@@ -1190,6 +1237,7 @@ static int touch_run(kvr_prefix_index *ix, uint32_t wi, size_t h)
 {
     if (grow_touch(ix, wi, h) < 0)
         return -1;
+    w_change(ix, &ix->w[wi]); /* before any stamp is written: a deferred one is older */
     uint32_t *id = ix->w[wi].touch;
     size_t k = 0;
     /* A request teaches its prompt when the answer starts and prompt + reply when it ends: the
@@ -1264,6 +1312,7 @@ static int insert_blocks(kvr_prefix_index *ix, uint32_t wi, size_t from, size_t 
 static int place_behind(kvr_prefix_index *ix, uint32_t wi, size_t h, size_t m)
 {
     wrec *w = &ix->w[wi];
+    w_change(ix, w);
     uint32_t *id = w->touch;
     uint32_t b = w->head;
     for (size_t k = h; k < m; k++) {
@@ -1326,9 +1375,24 @@ static int make_room_behind(kvr_prefix_index *ix, uint32_t wi, size_t m, size_t 
 
 static int insert_chain(kvr_prefix_index *ix, uint32_t wi, size_t m, size_t cap, int new_only)
 {
+    wrec *wr = &ix->w[wi];
+    /* The same text again, nothing changed on this worker since its last insert (the same
+     * prompt and reply taught by every request of a conversation repeated as is, or by
+     * retries): its m blocks are still its m most recent holdings in order, so the insert
+     * only gives them this call's stamp, and that is deferred (w_settle writes it before
+     * anything else reads or moves them). Keys are chained: block m-1's names blocks 0..m-1. */
+    if (wr->ordered && wr->mod == wr->touch_mod && m && m == wr->touch_n &&
+        slot_holds(ix, wr->touch[m - 1], fp_of(ix->chain[m - 1]), wi)) {
+        if (new_only)
+            return 0;
+        wr->run_pending = 1;
+        wr->run_stamp = ix->clock;
+        return 0;
+    }
     /* The usual insert repeats a text the worker mostly holds (the next turn of its
      * conversation): only the blocks past its held run are looked up one by one. */
     size_t h = ix->w[wi].count ? held_run(ix, wi, NULL, 0, m) : 0;
+    ix->chain_holes = 0;
     if (grow_touch(ix, wi, m) < 0)
         return -1;
     new_only = new_only && h;
@@ -1338,8 +1402,8 @@ static int insert_chain(kvr_prefix_index *ix, uint32_t wi, size_t m, size_t cap,
         return -1;
     new_only = new_only && ix->w[wi].count + (m - h) <= cap;
     int rc = insert_blocks(ix, wi, h, m, cap);
-    if (rc == 0 && h && !(new_only && place_behind(ix, wi, h, m) == 0) &&
-        touch_run(ix, wi, h) < 0)
+    int behind = rc == 0 && h && new_only && place_behind(ix, wi, h, m) == 0;
+    if (rc == 0 && h && !behind && touch_run(ix, wi, h) < 0)
         rc = insert_blocks(ix, wi, 0, h, cap);
     /* touch[] now names blocks 0..m-1's slots (insert_blocks records those it finds or
      * places; after place_behind, blocks 0..h-1's are the last insert's, a hint checked on
@@ -1348,6 +1412,13 @@ static int insert_chain(kvr_prefix_index *ix, uint32_t wi, size_t m, size_t cap,
     while (ix->w[wi].count > cap)
         evict_one(ix, wi);
     enforce_global_cap(ix);
+    /* Blocks 0..m-1 now lead the worker's list in order (insert_blocks pushed the new ones
+     * last to first, touch_run put the held run before them; evictions take the tail, which
+     * is never one of them while m blocks remain), unless place_behind left the held run
+     * where it was. */
+    wr = &ix->w[wi];
+    wr->ordered = rc == 0 && !behind && !ix->chain_holes && wr->count >= m;
+    wr->touch_mod = wr->mod;
     return rc;
 }
 
@@ -1370,8 +1441,10 @@ static int insert_blocks(kvr_prefix_index *ix, uint32_t wi, size_t from, size_t 
             w->touch[k] = f.slot;
             continue;
         }
-        if (f.last_g >= MAX_GROUPS)
+        if (f.last_g >= MAX_GROUPS) {
+            ix->chain_holes = 1; /* touch[k] names nothing: the blocks are not in order */
             continue; /* 256 workers hold this block already: this one is not recorded */
+        }
         /* Make room in the worker's budget first, so holdings never exceed the caps (the table
          * is sized for them). The victim is the least recent block not in this text: one of
          * this text's blocks still waiting to be touched is touched now instead (the loop
@@ -1559,6 +1632,7 @@ size_t kvr_prefix_index_forget_worker(kvr_prefix_index *ix, size_t worker)
     w->count = 0;
     w->learned = 0;
     w->touch_n = 0;
+    w->run_pending = w->ordered = 0;
     w->head = w->tail = NIL;
     ix->ext2int[worker] = 0;
     update_need(ix);
@@ -1584,7 +1658,7 @@ static int stamp_at(const kvr_prefix_index *ix, uint32_t wi, size_t block, uint3
     uint64_t fp = fp_of(ix->chain[block]);
     if (block < w->touch_n && slot_holds(ix, w->touch[block], fp, wi)) {
         uint32_t id = w->touch[block];
-        *out = ix->sh[id >> LOCAL_BITS].st[id & LOCAL_MASK];
+        *out = w->run_pending ? w->run_stamp : ix->sh[id >> LOCAL_BITS].st[id & LOCAL_MASK];
         return 1;
     }
     return stamp_of(ix, wi, fp, out);
@@ -1660,6 +1734,7 @@ static long drop_used_until(kvr_prefix_index *ix, uint32_t wl, uint32_t threshol
 {
     wrec *w = &ix->w[wl];
     long dropped = 0;
+    w_settle(ix, w);
     while (w->tail != NIL) {
         uint32_t t = w->tail;
         if (!stamp_le(ix->sh[t >> LOCAL_BITS].st[t & LOCAL_MASK], threshold))
@@ -1700,6 +1775,8 @@ long kvr_prefix_index_correct_key(kvr_prefix_index *ix, size_t worker, uint64_t 
 {
     long wl = worker_find(ix, worker);
     uint32_t threshold;
+    if (wl >= 0)
+        w_settle(ix, &ix->w[wl]); /* the key may be any holding's */
     if (wl < 0 || !stamp_of(ix, (uint32_t)wl, fp_of(key), &threshold))
         return -1;
     return drop_used_until(ix, (uint32_t)wl, threshold, keep_blocks);

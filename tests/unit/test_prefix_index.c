@@ -692,9 +692,10 @@ static void smodel_correct(smodel *w, uint64_t threshold, size_t keep, size_t *d
  * cuckoo walks move entries: snapshots taken at random, corrected many inserts later, give
  * exactly what a brute-force model with stamps gives: the stamps followed their holdings
  * through every move and rebuild. */
-static void test_corrections_match_model(void **state)
+/* `repeats`: half the rounds teach the previous round's text to its worker again, as a
+ * conversation resent as is does (the index defers those stamps: they must read the same). */
+static void corrections_vs_model(int repeats)
 {
-    (void)state;
     enum { NW = 4, CAP = 6000, ROUNDS = 9000, PENDING = 16 };
     kvr_rand_seed(21);
     kvr_prefix_index *ix = mk(1u << 30, CAP);
@@ -717,8 +718,12 @@ static void test_corrections_match_model(void **state)
     uint64_t keys[80];
     uint64_t clock = 0;
     size_t corrections = 0, dropped_total = 0, multi_run = 0;
+    uint64_t last_x = 1;
     for (int r = 0; r < ROUNDS; r++) {
         uint64_t x = kvr_rand_u64();
+        if (repeats && (x & 1))
+            x = last_x;
+        last_x = x;
         size_t n = make_text(buf, x);
         if (x % 7 == 0) { /* longer unique tails, so the worker lists fill up */
             fill(buf + n, 1500, x);
@@ -827,6 +832,18 @@ static void test_corrections_match_model(void **state)
         free(mw[i].st);
     }
     kvr_prefix_index_destroy(ix);
+}
+
+static void test_corrections_match_model(void **state)
+{
+    (void)state;
+    corrections_vs_model(0);
+}
+
+static void test_repeated_teaches_match_model(void **state)
+{
+    (void)state;
+    corrections_vs_model(1);
 }
 
 static void test_correct_semantics(void **state)
@@ -1181,6 +1198,7 @@ int main(void)
         cmocka_unit_test(test_insert_new_places_behind),
         cmocka_unit_test(test_kv_tokens_conversion),
         cmocka_unit_test(test_corrections_match_model),
+        cmocka_unit_test(test_repeated_teaches_match_model),
         cmocka_unit_test(test_correct_semantics),
         cmocka_unit_test(test_snapshot_with_more_runs_than_kept),
         cmocka_unit_test(test_stamps_survive_clock_wrap),
