@@ -427,8 +427,19 @@ static void correct_index(preq *p, size_t prompt_len)
  * without a session id still finds this worker. Replies over the cap teach nothing more. */
 static void teach_reply(preq *p)
 {
-    json_t *reply = kvr_usage_reply(&p->usage, p->ep == KVR_EP_COMPLETIONS);
-    if (reply && kvr_route_text_append_reply(&p->keys.text, (kvr_route_kind)p->ep, reply) == 1) {
+    const char *s;
+    size_t n;
+    json_t *reply = NULL;
+    int rc;
+    if (p->ep != KVR_EP_MESSAGES && kvr_usage_reply_text(&p->usage, &s, &n)) {
+        /* Text alone, the usual answer: appended as is, no tree built for it. */
+        rc = kvr_route_text_append_reply_text(&p->keys.text, (kvr_route_kind)p->ep, s, n);
+    } else {
+        reply = kvr_usage_reply(&p->usage, p->ep == KVR_EP_COMPLETIONS);
+        rc = reply ? kvr_route_text_append_reply(&p->keys.text, (kvr_route_kind)p->ep, reply)
+                   : 0;
+    }
+    if (rc == 1) {
         p->keys.k.text = p->keys.text.data;
         p->keys.k.text_len = p->keys.text.len;
         p->refresh_owed = 0;

@@ -428,6 +428,16 @@ json_t *kvr_usage_reply(const kvr_usage *u, int completions)
     return m;
 }
 
+int kvr_usage_reply_text(const kvr_usage *u, const char **s, size_t *n)
+{
+    if (!u->reply_cap || u->reply_over || !u->reply_done || u->messages ||
+        (u->calls && json_array_size(u->calls)))
+        return 0;
+    *s = u->reply.data ? u->reply.data : "";
+    *n = u->reply.len;
+    return 1;
+}
+
 void kvr_usage_init(kvr_usage *u, int sse, size_t cap, int want_id)
 {
     memset(u, 0, sizeof(*u));

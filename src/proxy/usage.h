@@ -62,6 +62,11 @@ void kvr_usage_want_reply(kvr_usage *u, size_t cap);
  *  {"role": "assistant", "content": [text and tool_use blocks]}. NULL when none was
  *  collected (not asked, over the cap, no answer, a tool input that is not JSON). */
 json_t *kvr_usage_reply(const kvr_usage *u, int completions);
+/** The reply when it is text alone (a chat, Responses or completions answer without tool
+ *  calls): 1 with its bytes in `*s`, `*n` (owned by `u`), which kvr_usage_reply() would put
+ *  in its "content" (or return as the completion string). 0 when there is none, or when it
+ *  is more than text (tool calls, an Anthropic message): then use kvr_usage_reply(). */
+int kvr_usage_reply_text(const kvr_usage *u, const char **s, size_t *n);
 /** Reads the answer as Anthropic Messages (usage as above; the reply's text and tool_use
  *  blocks, in order). Call after kvr_usage_init(). */
 void kvr_usage_messages(kvr_usage *u);

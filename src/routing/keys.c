@@ -9,6 +9,7 @@
 
 #include "routing/anthropic.h"
 #include "routing/text_writer.h"
+#include "util/json_scan.h"
 
 #define RS KVR_TEXT_RS
 #define US KVR_TEXT_US
@@ -622,6 +623,29 @@ int kvr_route_text_append_reply(kvr_buf *text, kvr_route_kind kind, const json_t
     } else {
         return 0;
     }
+    return w.oom ? -1 : 1;
+}
+
+int kvr_route_text_append_reply_text(kvr_buf *text, kvr_route_kind kind, const char *s,
+                                     size_t n)
+{
+    if (kind == KVR_ROUTE_MESSAGES || !kvr_json_utf8_valid(s, n))
+        return 0;
+    kvr_text_writer w = {.b = text};
+    if (kind == KVR_ROUTE_COMPLETIONS) {
+        if (text->len && (text->data[0] == RS || text->data[0] == US))
+            return 0;
+        kvr_text_put(&w, s, n);
+        return w.oom ? -1 : 1;
+    }
+    /* put_chat_message() of {"role": "assistant", "content": s} */
+    kvr_text_putc(&w, RS);
+    kvr_text_put(&w, "assistant", 9);
+    if (n) {
+        kvr_text_field(&w, 'c');
+        kvr_text_put(&w, s, n);
+    }
+    kvr_text_rec_end(&w);
     return w.oom ? -1 : 1;
 }
 

@@ -209,6 +209,13 @@ size_t kvr_route_text_preamble(const char *text, size_t len);
  *  prompt sends prompt + completion + more). Respects text's cap (a cut
  *  text stays a prefix). Returns 1 when appended, 0 when nothing applies, -1 out of memory. */
 int kvr_route_text_append_reply(kvr_buf *text, kvr_route_kind kind, const json_t *reply);
+/** kvr_route_text_append_reply() for a reply that is text alone, without building it: the
+ *  same bytes as for {"role": "assistant", "content": s} (chat, Responses) or the string `s`
+ *  (completions). `s` must be valid UTF-8 (as a JSON string holds); else nothing is appended
+ *  (returns 0), as when jansson refuses such a string. Not for Messages (returns 0). Same
+ *  returns as kvr_route_text_append_reply(). */
+int kvr_route_text_append_reply_text(kvr_buf *text, kvr_route_kind kind, const char *s,
+                                     size_t n);
 
 const char *kvr_route_previous_response_id(const json_t *body, size_t *len);
 

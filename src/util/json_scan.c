@@ -1143,3 +1143,19 @@ size_t kvr_json_span_string(const char *buf, const kvr_json_span *s, char *out, 
     }
     return decode(p, e, out, cap);
 }
+
+int kvr_json_utf8_valid(const char *p, size_t len)
+{
+    const unsigned char *q = (const unsigned char *)p, *end = q + len;
+    while (q < end) {
+        if (*q < 0x80) {
+            q++;
+            continue;
+        }
+        size_t k = json_utf8_seq(q, end);
+        if (!k)
+            return 0;
+        q += k;
+    }
+    return 1;
+}

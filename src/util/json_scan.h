@@ -176,6 +176,11 @@ int kvr_json_iter_descend(kvr_json_iter *it, kvr_json_span *val, kvr_json_iter *
 size_t kvr_json_iter_members(kvr_json_iter *it, const char *const *names, size_t n,
                              kvr_json_span *out);
 
+/** 1 when the `len` bytes at `p` are valid UTF-8 by the rules the scanner applies to strings
+ *  (jansson's: no overlongs, no surrogates, nothing above U+10FFFF; NUL bytes allowed), so
+ *  that jansson's json_stringn() would take them. Else 0. */
+int kvr_json_utf8_valid(const char *p, size_t len);
+
 /** 1 when the string span `s` of `buf` decodes to exactly the NUL-terminated `str` (at most
  *  KVR_JSON_SCAN_NAME_MAX bytes when `s` has escapes; "mod\u0065l" is "model"), else 0 (also
  *  when `s` is no string). Never allocates. */

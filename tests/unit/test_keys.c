@@ -653,6 +653,57 @@ static void test_session_sources_config(void **state)
 
 /* Turn 1's text + its reply is exactly the head of turn 2's text, tool calls included; a
  * completions string prompt continues with the completion's bytes; token prompts do not. */
+/* A reply of text alone is appended without a tree: the same bytes as through the tree, for
+ * chat, Responses and completions, including multi-byte UTF-8, control bytes, the record
+ * separators themselves and an empty reply; invalid UTF-8 (a reply cut mid-character) appends
+ * nothing, as jansson refuses it. A capped text is cut the same way. */
+static void test_reply_text_same_as_tree(void **state)
+{
+    (void)state;
+    static const char *const replies[] = {"", "Prefix caching reuses KV blocks.",
+                                          "caf\\u00e9 \\u2603 \\ud83d\\ude00",
+                                          "tab\\tnl\\n rs\\u001e us\\u001f nul\\u0000 end"};
+    static const int kinds[] = {KVR_ROUTE_CHAT, KVR_ROUTE_RESPONSES, KVR_ROUTE_COMPLETIONS};
+    for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]); k++) {
+        for (size_t i = 0; i < sizeof(replies) / sizeof(replies[0]); i++) {
+            for (size_t cap = 0; cap <= 40; cap += 40) {
+                char js[256];
+                snprintf(js, sizeof(js), "\"%s\"", replies[i]);
+                json_error_t err;
+                json_t *str = json_loads(js, JSON_DECODE_ANY | JSON_ALLOW_NUL, &err);
+                assert_non_null(str);
+                json_t *reply = kinds[k] == KVR_ROUTE_COMPLETIONS
+                                    ? json_incref(str)
+                                    : json_pack("{s:s,s:O}", "role", "assistant", "content", str);
+                kvr_buf a, b;
+                kvr_buf_init(&a, cap);
+                kvr_buf_init(&b, cap);
+                kvr_buf_append(&a, "Once", 4);
+                kvr_buf_append(&b, "Once", 4);
+                int ra = kvr_route_text_append_reply(&a, (kvr_route_kind)kinds[k], reply);
+                int rb = kvr_route_text_append_reply_text(&b, (kvr_route_kind)kinds[k],
+                                                          json_string_value(str),
+                                                          json_string_length(str));
+                assert_int_equal(ra, rb);
+                assert_int_equal(a.len, b.len);
+                assert_memory_equal(a.data, b.data, a.len);
+                kvr_buf_free(&a);
+                kvr_buf_free(&b);
+                json_decref(reply);
+                json_decref(str);
+            }
+        }
+    }
+    kvr_buf b;
+    kvr_buf_init(&b, 0);
+    kvr_buf_append(&b, "x", 1);
+    assert_int_equal(kvr_route_text_append_reply_text(&b, KVR_ROUTE_CHAT, "caf\xc3", 4), 0);
+    assert_int_equal(kvr_route_text_append_reply_text(&b, KVR_ROUTE_CHAT, "\xed\xa0\x80", 3), 0);
+    assert_int_equal(kvr_route_text_append_reply_text(&b, KVR_ROUTE_MESSAGES, "ok", 2), 0);
+    assert_int_equal(b.len, 1);
+    kvr_buf_free(&b);
+}
+
 static void test_reply_appended_as_next_turn_frames_it(void **state)
 {
     (void)state;
@@ -772,6 +823,7 @@ int main(void)
         cmocka_unit_test(test_session_sources_config),
         cmocka_unit_test(test_text_cap_keeps_prefix),
         cmocka_unit_test(test_reply_appended_as_next_turn_frames_it),
+        cmocka_unit_test(test_reply_text_same_as_tree),
         cmocka_unit_test(test_malformed_never_crash),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
