@@ -129,6 +129,9 @@ struct kvr_prefix_index {
                                     recognises the same bytes (memcmp, far cheaper than hashing
                                     them) and hashes no block again */
     size_t chain_text_alloc;
+    uint64_t bound_id;           /* 0, or chain_text[0..bound_len) is the text of this id
+                                    (kvr_prefix_keys text_id) */
+    size_t bound_len;
     int match_valid;             /* the chain is the last match's, no insert since (match_use) */
     int chain_holes;             /* the running insert left a block of the chain unrecorded */
     wrec *w;
@@ -955,6 +958,8 @@ static void chain_bind(kvr_prefix_index *ix, const void *text, size_t len, size_
             if (ix->chain_n > len / ix->block_bytes)
                 ix->chain_n = len / ix->block_bytes;
             ix->chain_len = len;
+            if (len < ix->bound_len)
+                ix->bound_id = 0;
             return;
         }
         /* The text goes on (a reply taught after its prompt, the next turn after both): the
@@ -968,6 +973,8 @@ static void chain_bind(kvr_prefix_index *ix, const void *text, size_t len, size_
     if (ix->chain_n > keep)
         ix->chain_n = keep;
     ix->chain_len = 0;
+    if (from < ix->bound_len)
+        ix->bound_id = 0;
     if (len > ix->chain_text_alloc) {
         char *p = realloc(ix->chain_text, len);
         if (!p) {
@@ -995,11 +1002,33 @@ void kvr_prefix_keys_free(kvr_prefix_keys *k)
  * text and compares only past them; else it takes them and names no text (chain_len 0), and a
  * later call without kept keys hashes again. Returns `kept` when it was used (the call's new
  * keys go back there, kept_save), else NULL. */
+static kvr_prefix_keys *bind_text_keys(kvr_prefix_index *ix, const void *text, size_t len,
+                                       kvr_prefix_keys *kept, size_t same_id);
+
 static kvr_prefix_keys *bind_text(kvr_prefix_index *ix, const void *text, size_t len,
                                   kvr_prefix_keys *kept)
 {
+    /* A text whose id is the bound text's (the same messages resent, as a conversation's
+     * requests resend them all): its first bound_len bytes are the bound ones and are not
+     * compared (the id stands for them, as a block key stands for its block). */
+    size_t same_id = 0;
+    if (kept && kept->text_id && kept->text_id == ix->bound_id &&
+        kept->text_id_len == ix->bound_len && ix->bound_len <= ix->chain_len &&
+        ix->bound_len <= len)
+        same_id = ix->bound_len;
+    kvr_prefix_keys *r = bind_text_keys(ix, text, len, kept, same_id);
+    if (kept && kept->text_id && kept->text_id_len && ix->chain_len >= kept->text_id_len) {
+        ix->bound_id = kept->text_id; /* the chain's text is now this one's */
+        ix->bound_len = kept->text_id_len;
+    }
+    return r;
+}
+
+static kvr_prefix_keys *bind_text_keys(kvr_prefix_index *ix, const void *text, size_t len,
+                                       kvr_prefix_keys *kept, size_t same_id)
+{
     if (!kept || (kept->block_bytes && kept->block_bytes != ix->block_bytes)) {
-        chain_bind(ix, text, len, 0);
+        chain_bind(ix, text, len, same_id);
         return NULL;
     }
     size_t full = len / ix->block_bytes, k = kept->n < full ? kept->n : full;
@@ -1008,16 +1037,18 @@ static kvr_prefix_keys *bind_text(kvr_prefix_index *ix, const void *text, size_t
      * and only the rest is compared. The binding stays for the next request's match. */
     if (k && ix->chain_n >= k && ix->chain_len >= k * ix->block_bytes &&
         !memcmp(ix->chain, kept->key, k * sizeof(*kept->key))) {
-        chain_bind(ix, text, len, k * ix->block_bytes);
+        size_t same = k * ix->block_bytes;
+        chain_bind(ix, text, len, same > same_id ? same : same_id);
         return kept;
     }
     if (!k || grow_chain(ix, k) < 0) {
-        chain_bind(ix, text, len, 0);
+        chain_bind(ix, text, len, same_id);
         return kept;
     }
     memcpy(ix->chain, kept->key, k * sizeof(*kept->key));
     ix->chain_n = k;
     ix->chain_len = 0;
+    ix->bound_id = 0;
     return kept;
 }
 
@@ -1210,6 +1241,7 @@ int kvr_prefix_index_insert_keys(kvr_prefix_index *ix, size_t worker, const uint
     clock_advance(ix, 1);
     ix->match_valid = 0;
     ix->chain_len = ix->chain_n = 0; /* the chain becomes these keys, no text's */
+    ix->bound_id = 0;
     size_t cap = eff_cap(ix, &ix->w[wi]);
     size_t m = n < cap ? n : cap;
     if (grow_chain(ix, m) < 0)

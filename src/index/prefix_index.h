@@ -106,6 +106,11 @@ typedef struct kvr_prefix_keys {
     size_t alloc;       /**< keys allocated */
     size_t block_bytes; /**< the block size they are for (0 = none yet); an index of another
                              block size neither reads nor changes them */
+    uint64_t text_id;   /**< 0, or an id of the first `text_id_len` bytes of every text passed
+                             with these keys (routing/text_scan.h kvr_route_text_scan_id()):
+                             equal ids are taken as equal bytes, which are then not compared
+                             with the text the index last bound (set by the caller) */
+    size_t text_id_len;
 } kvr_prefix_keys;
 
 /** Frees the keys; `k` is then empty. NULL is a no-op. */

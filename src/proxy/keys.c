@@ -78,10 +78,15 @@ int kvr_request_keys_build_fields(kvr_app *app, const kvr_route *route,
         /* From the scan: the tree's text without the tree (routing/text_scan.h). */
         size_t nmsgs;
         const kvr_json_elem *msgs = kvr_body_messages(body, &nmsgs);
-        rc = kvr_route_text_scan(body->buf, kvr_body_field(body, KVR_FIELD_TOOLS),
-                                 kvr_body_field(body, KVR_FIELD_FUNCTIONS),
-                                 kvr_body_field(body, KVR_FIELD_MESSAGES), msgs, nmsgs,
-                                 app->text_cache, &out->text);
+        uint64_t id;
+        rc = kvr_route_text_scan_id(body->buf, kvr_body_field(body, KVR_FIELD_TOOLS),
+                                    kvr_body_field(body, KVR_FIELD_FUNCTIONS),
+                                    kvr_body_field(body, KVR_FIELD_MESSAGES), msgs, nmsgs,
+                                    app->text_cache, &out->text, &id);
+        if (rc >= 0 && id) { /* the text as built: a reply appended later keeps this prefix */
+            out->kept.text_id = id;
+            out->kept.text_id_len = out->text.len;
+        }
     } else if (ep == KVR_EP_COMPLETIONS) {
         rc = kvr_route_text_scan_prompt(body->buf, kvr_body_field(body, KVR_FIELD_PROMPT),
                                         &out->text);

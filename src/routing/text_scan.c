@@ -335,7 +335,31 @@ static int memo_add(kvr_text_cache *c, XXH128_hash_t key, const char *text, size
 typedef struct ctx {
     kvr_text_writer w;
     const char *buf;
+    uint64_t id;      /* the text's id so far (id_fold), when asked */
 } ctx;
+
+/* Folds one input of the text (a 128-bit digest of the bytes it comes from) into the text's
+ * id: each step an invertible mix of the state, so inputs in another order or split another
+ * way give another id. */
+static inline uint64_t id_mix(uint64_t h)
+{
+    h ^= h >> 31; /* splitmix64's finalizer */
+    h *= 0xbf58476d1ce4e5b9ull;
+    h ^= h >> 29;
+    h *= 0x94d049bb133111ebull;
+    return h ^ (h >> 32);
+}
+
+static inline void id_fold(ctx *c, uint64_t lo, uint64_t hi)
+{
+    c->id = id_mix(id_mix(c->id ^ lo) ^ hi);
+}
+
+/* id_fold() of raw bytes the scan did not hash (short messages, items that are no object). */
+static void id_fold_bytes(ctx *c, const char *p, size_t n)
+{
+    id_fold(c, XXH3_64bits_withSeed(p, n, 0x6b767274657874ull), n);
+}
 
 static int done(const ctx *c)
 {
@@ -541,6 +565,7 @@ static void put_message_memo(ctx *c, const kvr_json_span *msg, const kvr_json_el
     kvr_json_iter in = {0};
     if (!cache || !cache->bucket || msg->kind != KVR_JSON_OBJECT ||
         msg->len < cache->min_raw) {
+        id_fold_bytes(c, c->buf + msg->off, msg->len);
         kvr_json_iter_init(&in, c->buf, msg);
         put_message(c, msg, &in);
         return;
@@ -560,6 +585,7 @@ static void put_message_memo(ctx *c, const kvr_json_span *msg, const kvr_json_el
         }
         e = memo_find(cache, key);
     }
+    id_fold(c, key.low64, key.high64);
     if (e && !e->textless) {
         cache->mhits++;
         kvr_text_put(&c->w, e->text, e->len);
@@ -633,6 +659,12 @@ static void put_tools(ctx *c, const kvr_json_span *tools, const kvr_json_span *f
     if ((tools->kind != KVR_JSON_ARRAY || tools->len == 2) &&
         (fns->kind != KVR_JSON_ARRAY || fns->len == 2))
         return; /* "[]": no tool (the scanner's spans of arrays end at their bracket) */
+    if (!cache) {
+        id_fold_bytes(c, tools->kind == KVR_JSON_ARRAY ? c->buf + tools->off : "", 
+                      tools->kind == KVR_JSON_ARRAY ? tools->len : 0);
+        id_fold_bytes(c, fns->kind == KVR_JSON_ARRAY ? c->buf + fns->off : "",
+                      fns->kind == KVR_JSON_ARRAY ? fns->len : 0);
+    }
     XXH128_hash_t key = {0, 0};
     if (cache) {
         /* The two spans with their kinds and lengths, so no two pairs hash alike by how
@@ -647,6 +679,7 @@ static void put_tools(ctx *c, const kvr_json_span *tools, const kvr_json_span *f
         if (fns->kind == KVR_JSON_ARRAY)
             XXH3_128bits_update(&st, c->buf + fns->off, fns->len);
         key = XXH3_128bits_digest(&st);
+        id_fold(c, key.low64, key.high64);
         cache->tick++;
         for (size_t i = 0; i < KVR_TEXT_CACHE_ENTRIES; i++)
             if (cache->e[i].valid && XXH128_isEqual(cache->e[i].key, key)) {
@@ -698,7 +731,18 @@ int kvr_route_text_scan(const char *buf, const kvr_json_span *tools,
                         const kvr_json_elem *msgs, size_t nmsgs, kvr_text_cache *cache,
                         kvr_buf *out)
 {
-    ctx c = {.w = {.b = out}, .buf = buf};
+    return kvr_route_text_scan_id(buf, tools, functions, messages, msgs, nmsgs, cache, out,
+                                  NULL);
+}
+
+int kvr_route_text_scan_id(const char *buf, const kvr_json_span *tools,
+                           const kvr_json_span *functions, const kvr_json_span *messages,
+                           const kvr_json_elem *msgs, size_t nmsgs, kvr_text_cache *cache,
+                           kvr_buf *out, uint64_t *id)
+{
+    ctx c = {.w = {.b = out}, .buf = buf, .id = 0x6b76726f75746531ull};
+    if (id)
+        *id = 0;
     /* The text is about as long as the messages as written: one allocation up front rather
      * than a copy per doubling. Bounded: a message holding a large image is a short text (a
      * digest), and the text lives as long as its request. */
@@ -726,6 +770,12 @@ int kvr_route_text_scan(const char *buf, const kvr_json_span *tools,
     if (cache && cache->bucket) {
         while (!done(&c) && kvr_json_iter_next(&it, NULL, &m))
             put_message_memo(&c, &m, NULL, cache);
+        /* Every message and the tools section went into the id (a cut text stops early, at
+         * the same point for the same body and cap). An id of 0 means none. */
+        if (id && !c.w.oom) {
+            id_fold(&c, messages->count, out->len);
+            *id = c.id ? c.id : 1;
+        }
         return finish(&c);
     }
     while (!done(&c) && kvr_json_iter_descend(&it, &m, &in)) {

@@ -86,6 +86,17 @@ int kvr_route_text_scan(const char *buf, const kvr_json_span *tools,
                         const kvr_json_elem *msgs, size_t nmsgs, kvr_text_cache *cache,
                         kvr_buf *out);
 
+/** kvr_route_text_scan(), also giving the text an id in `*id` (0 = none): a 64-bit digest of
+ *  the bytes the text is made from (each message's and the tools section's 128-bit hash as
+ *  the scan and the cache take them), so that two texts with one id are the same bytes but
+ *  for a 2^-64 chance, and the prefix index compares no more of them (kvr_prefix_keys
+ *  text_id). Given only with a `cache` that keeps message texts (it has those hashes);
+ *  otherwise, and out of memory, 0. */
+int kvr_route_text_scan_id(const char *buf, const kvr_json_span *tools,
+                           const kvr_json_span *functions, const kvr_json_span *messages,
+                           const kvr_json_elem *msgs, size_t nmsgs, kvr_text_cache *cache,
+                           kvr_buf *out, uint64_t *id);
+
 /** The completions routing text (kvr_route_text_build() with KVR_ROUTE_COMPLETIONS) from the
  *  span of the body's top-level `prompt` (KVR_JSON_ABSENT when none): a string prompt is
  *  decoded from its span; token ids and batches are read with jansson from the prompt's

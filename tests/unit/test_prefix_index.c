@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include "index/prefix_index.h"
+#include "util/xxh.h"
 #include "util/rand.h"
 
 #define B 64
@@ -1025,9 +1026,8 @@ static void test_extended_text_keys(void **state)
  * what the plain calls give, while other requests' texts interleave with theirs (the index's
  * own chain then names another text) and their text grows by a reply; the kept keys are the
  * text's full blocks' keys; an index of another block size ignores them. */
-static void test_kept_keys_same_as_plain(void **state)
+static void kept_same_as_plain(int ids)
 {
-    (void)state;
     enum { CONV = 6, LIVE = 3, MAXT = 6000 };
     static char conv[CONV][MAXT];
     for (size_t c = 0; c < CONV; c++) {
@@ -1055,6 +1055,12 @@ static void test_kept_keys_same_as_plain(void **state)
             q->len = lens[q->c];
             q->reply = kvr_rand_below(300);
             kvr_prefix_keys_free(&q->kept);
+            if (ids && kvr_rand_below(3)) { /* its id, as kvr_route_text_scan_id() gives
+                                                 it; some requests come without one (other
+                                                 endpoints, no text cache) */
+                q->kept.text_id = XXH3_64bits(conv[q->c], q->len) | 1;
+                q->kept.text_id_len = q->len;
+            }
         }
         const char *t = conv[q->c];
         size_t mk_[3], mp[3], len = q->step == 2 ? q->len + q->reply : q->len;
@@ -1109,6 +1115,21 @@ static void test_kept_keys_same_as_plain(void **state)
     }
     for (size_t i = 0; i < LIVE; i++)
         kvr_prefix_keys_free(&r[i].kept);
+}
+
+static void test_kept_keys_same_as_plain(void **state)
+{
+    (void)state;
+    kept_same_as_plain(0);
+}
+
+/* The same with the texts' ids (kvr_prefix_keys text_id): the index then compares none of the
+ * bytes an id vouches for, and must still give what the plain calls give while other texts
+ * rebind its chain, shorten it and extend it. */
+static void test_text_ids_same_as_plain(void **state)
+{
+    (void)state;
+    kept_same_as_plain(1);
 }
 
 /* A prompt's teach when its answer starts (kvr_prefix_index_insert_new): the blocks past the
@@ -1195,6 +1216,7 @@ int main(void)
         cmocka_unit_test(test_global_cap_shared),
         cmocka_unit_test(test_extended_text_keys),
         cmocka_unit_test(test_kept_keys_same_as_plain),
+        cmocka_unit_test(test_text_ids_same_as_plain),
         cmocka_unit_test(test_insert_new_places_behind),
         cmocka_unit_test(test_kv_tokens_conversion),
         cmocka_unit_test(test_corrections_match_model),
