@@ -179,11 +179,7 @@ static inline size_t reduce(uint64_t h, size_t nb)
 
 static inline uint64_t mix(uint64_t h)
 {
-    h ^= h >> 31; /* splitmix64's finalizer */
-    h *= 0xbf58476d1ce4e5b9ull;
-    h ^= h >> 29;
-    h *= 0x94d049bb133111ebull;
-    return h ^ (h >> 32);
+    return kvr_mix64(h);
 }
 
 /* The two candidate buckets of group g of fingerprint fp, in a shard of nb buckets. */

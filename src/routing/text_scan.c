@@ -341,18 +341,9 @@ typedef struct ctx {
 /* Folds one input of the text (a 128-bit digest of the bytes it comes from) into the text's
  * id: each step an invertible mix of the state, so inputs in another order or split another
  * way give another id. */
-static inline uint64_t id_mix(uint64_t h)
-{
-    h ^= h >> 31; /* splitmix64's finalizer */
-    h *= 0xbf58476d1ce4e5b9ull;
-    h ^= h >> 29;
-    h *= 0x94d049bb133111ebull;
-    return h ^ (h >> 32);
-}
-
 static inline void id_fold(ctx *c, uint64_t lo, uint64_t hi)
 {
-    c->id = id_mix(id_mix(c->id ^ lo) ^ hi);
+    c->id = kvr_mix64(kvr_mix64(c->id ^ lo) ^ hi);
 }
 
 /* id_fold() of raw bytes the scan did not hash (short messages, items that are no object). */

@@ -71,4 +71,16 @@ KVR_XXH_WRAP(XXH_errorcode, kvr_xxh3_128_update, XXH3_128bits_update,
 #define XXH3_128bits_update kvr_xxh3_128_update
 #endif
 
+/** Mixes 64 bits so that every output bit depends on every input bit (a splitmix64-style
+ *  finalizer with shifts 31/29/32; a bijection). For deriving bucket positions from a key and
+ *  for folding digests into one; not a hash of bytes. */
+static inline uint64_t kvr_mix64(uint64_t h)
+{
+    h ^= h >> 31;
+    h *= 0xbf58476d1ce4e5b9ull;
+    h ^= h >> 29;
+    h *= 0x94d049bb133111ebull;
+    return h ^ (h >> 32);
+}
+
 #endif
