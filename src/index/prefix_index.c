@@ -30,7 +30,16 @@
  * bucket), so keys are told apart by those 44 bits among the 8 slots looked at (a false match
  * ~2^-41 per probe; two stored keys merge with probability ~keys/2^44 per insert); the other 20
  * bits of the word hold the group and the worker, which keeps a slot at 16 bytes (4 to a cache
- * line). A confusion only makes a match one block longer. */
+ * line). A confusion only makes a match one block longer.
+ *
+ * Repeats: a conversation's requests resend its text, and identical requests take turns on
+ * equally good workers. Each worker keeps a hint of the slots its last insert left the chain's
+ * blocks in (checked slot by slot before use), so matching and teaching its own text read
+ * those slots instead of looking blocks up. When the text taught is exactly the one the worker
+ * was last taught and nothing changed on that worker since (a per-worker change count, bumped
+ * before anything relinks or moves one of its holdings), its blocks are still its most recent
+ * holdings in order: the teach only records the new stamp for them, written out (w_settle)
+ * before anything reads or moves them. */
 #include "index/prefix_index.h"
 
 #include <math.h>
