@@ -16,7 +16,11 @@
  * as accepted before (kvr_text_cache_known(), as the router does). Both must accept the same
  * inputs and give the same fields and message places (kind, offsets, counts, roles); the
  * texts built with the cache come from the second scan, whose elements carry the hashes the
- * text lookup then uses. */
+ * text lookup then uses.
+ *
+ * A text built with the cache has an id (kvr_route_text_scan_id()); the same bytes give the
+ * same id whatever the cache held and however the messages were reached, so the two cached
+ * builds of a chat text must give one id. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -32,6 +36,7 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static kvr_text_cache *g_cache;
+static uint64_t g_id; /* the id of the last text built with the cache */
 
 /* The text from the scan for `kind` (chat or completions), cap `cap`, into `out`. */
 static int scan_text(const kvr_body_fields *f, kvr_route_kind kind, kvr_text_cache *cache,
@@ -45,9 +50,10 @@ static int scan_text(const kvr_body_fields *f, kvr_route_kind kind, kvr_text_cac
         ms = NULL;
     else if (placed == 2 && nm > 1) /* the first placed, the rest walked to (a long body) */
         nm = 1;
-    return kvr_route_text_scan(f->buf, kvr_body_field(f, KVR_FIELD_TOOLS),
-                               kvr_body_field(f, KVR_FIELD_FUNCTIONS),
-                               kvr_body_field(f, KVR_FIELD_MESSAGES), ms, nm, cache, out);
+    return kvr_route_text_scan_id(f->buf, kvr_body_field(f, KVR_FIELD_TOOLS),
+                                  kvr_body_field(f, KVR_FIELD_FUNCTIONS),
+                                  kvr_body_field(f, KVR_FIELD_MESSAGES), ms, nm, cache, out,
+                                  cache ? &g_id : NULL);
 }
 
 static void check(const kvr_body_fields *f, const json_t *tree, kvr_route_kind kind,
@@ -119,7 +125,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             uint64_t h0, m0, h1, m1;
             kvr_text_cache_stats(g_cache, &h0, &m0);
             check(&f, tree, kind, 0, g_cache, 2);
+            uint64_t id = g_id;
             check(&f, tree, kind, 0, g_cache, 1);
+            if (!id || id != g_id)
+                __builtin_trap(); /* the id is the bytes', not the cache's or the walk's */
             kvr_text_cache_stats(g_cache, &h1, &m1);
             if (h1 + m1 != h0 + m0 && h1 == h0)
                 __builtin_trap(); /* the second lookup of the same tools must hit */
