@@ -1762,8 +1762,7 @@ void kvr_prefix_index_match_use(kvr_prefix_index *ix, size_t worker, size_t matc
 }
 
 /* Drops what worker `wl` used no later than `threshold` and lowers its learned capacity to
- * what is left (at least `keep_blocks`, at least half the cap it had, at least 1); returns the
- * holdings dropped. Stamps grow
+ * what is left (at least `keep_blocks`, at least 1); returns the holdings dropped. Stamps grow
  * from the tail to the head: what was used no later than the threshold is a tail segment,
  * dropped in O(its length). Holdings touched since have newer stamps and stay, whatever they
  * held then. */
@@ -1772,7 +1771,6 @@ static long drop_used_until(kvr_prefix_index *ix, uint32_t wl, uint32_t threshol
 {
     wrec *w = &ix->w[wl];
     long dropped = 0;
-    size_t cap = eff_cap(ix, w);
     w_settle(ix, w);
     while (w->tail != NIL) {
         uint32_t t = w->tail;
@@ -1786,14 +1784,9 @@ static long drop_used_until(kvr_prefix_index *ix, uint32_t wl, uint32_t threshol
     }
     ix->corrected += (uint64_t)dropped;
     size_t floor = w->count > keep_blocks ? w->count : keep_blocks;
-    /* One report at most halves the cap: a single shortfall that was no eviction (an engine
-     * that rendered the text otherwise than predicted) must not shrink a large cache to a
-     * few blocks; real evictions, reported again, bring it down step by step. */
-    if (floor < cap / 2)
-        floor = cap / 2;
     if (!floor)
         floor = 1;
-    if (floor < cap) {
+    if (floor < eff_cap(ix, w)) {
         w->learned = floor;
         update_need(ix);
     }

@@ -150,8 +150,7 @@ void kvr_prefix_index_match_use(kvr_prefix_index *ix, size_t worker, size_t matc
  *  used no later than that block. Drops the worker's holdings whose stamp is no later than
  *  block's stamp in `use` (holdings touched since the snapshot stay), then lowers its cap to
  *  the holdings left, but never below `keep_blocks` (at least 1; the caller's room for the
- *  request that showed it), never below half the current cap (one report that was no eviction
- *  costs at most half; evictions reported again lower it further) nor above the current cap. Returns the holdings dropped (>= 0), or -1 when nothing applies:
+ *  request that showed it) nor above the current cap. Returns the holdings dropped (>= 0), or -1 when nothing applies:
  *  `block` is past the snapshot, the snapshot is empty, or the worker's record was forgotten
  *  (or never made) since. The lowered cap stays until kvr_prefix_index_raise_capacity(),
  *  kvr_prefix_index_set_worker_capacity() or forgetting the worker lifts it. */
@@ -161,8 +160,7 @@ long kvr_prefix_index_correct(kvr_prefix_index *ix, size_t worker, const kvr_pre
 /** Another replica's correction (cluster/cluster.h): `worker` turned out not to hold the block
  *  whose key is `key`. As kvr_prefix_index_correct with this index's own use stamp of that
  *  holding: drops the worker's holdings used no later than it (the block included), then
- *  lowers its cap to what is left, never below `keep_blocks` (at least 1) nor below half the
- *  current cap. Returns the
+ *  lowers its cap to what is left, never below `keep_blocks` (at least 1). Returns the
  *  holdings dropped, or -1 when the worker does not hold `key` here (nothing changes). */
 long kvr_prefix_index_correct_key(kvr_prefix_index *ix, size_t worker, uint64_t key,
                                   size_t keep_blocks);

@@ -1231,40 +1231,6 @@ def test_new_conversations_sharing_a_system_prompt_spread(sim_factory, kvroute, 
                             {"role": "user", "content": "thanks"}])
         assert r2.worker == r.worker and r2.decision == "prefix_match", (conv, r, r2)
 # ============================================================================ self-correcting index
-def test_one_shortfall_at_most_halves_the_index_capacity(sim_factory, kvroute):
-    """A single shortfall that was no eviction lowers a worker's index capacity by at most
-    half: the same body through chat completions, then through Messages (the engine renders
-    it otherwise; kvroute's routing texts are the same). The break test of 2026-12-04 saw the
-    capacity fall from the worker's published 2,000 blocks to 6, and stay there."""
-    admin = free_port()
-    (sim,), kv = sims_kv(sim_factory, kvroute, 1, sim_args=("--time-scale", "0",
-                                                             "--kv-blocks", "2000"),
-                         extra=["--admin-port", admin, "--scrape-interval", "1"])
-
-    def workers():
-        return httpx.get("http://127.0.0.1:%d/workers" % admin, timeout=5,
-                         verify=SSL_CTX).json()["workers"]
-
-    wait_until(lambda: workers()[0]["kv_tokens"] == 2000 * 16, 5,
-               what="the KV cache size scraped")
-    long = "L" * 120
-    body = {"model": SIM_MODEL, "max_tokens": 2, "messages": [
-        {"role": "user", "content": "start " + long},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "c", "type": "function",
-             "function": {"name": "f", "arguments": json.dumps({"a": "tag1 " + long})}}]},
-        {"role": "user", "content": "q"}]}
-    r = kv.post("/v1/chat/completions", json_body=body)
-    assert r.status_code == 200, r.text
-    assert workers()[0]["index_capacity"] == 2000
-    r = kv.post("/v1/messages", json_body=body)
-    assert r.status_code == 200, r.text
-    wait_until(lambda: (metric(kv, "kvroute_index_corrections_total", model=SIM_MODEL,
-                               worker=sim.url) or 0) == 1, 5, what="the shortfall corrected")
-    cap = workers()[0]["index_capacity"]
-    assert 1000 <= cap < 2000, cap
-
-
 @pytest.mark.parametrize("completion_teaching", [False, True])
 def test_self_correcting_index(sim_factory, kvroute, clients, completion_teaching):
     """P2 then P1 taught to worker W; W's prefix cache is flushed; P1 sent again: W reports few

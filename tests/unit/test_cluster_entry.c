@@ -237,10 +237,10 @@ static void test_correct_key(void **st)
     assert_int_equal(kvr_prefix_index_worker_blocks(ix, 1), 6);
     uint64_t keys[2];
     kvr_prefix_index_block_keys(8, mid, 16, keys, 2);
-    /* worker 1 lacks mid's second block: old and mid go, new stays; the cap at most halves */
+    /* worker 1 lacks mid's second block: old and mid go, new stays; cap floor 2 */
     assert_int_equal(kvr_prefix_index_correct_key(ix, 1, keys[1], 2), 4);
     assert_int_equal(kvr_prefix_index_worker_blocks(ix, 1), 2);
-    assert_int_equal(kvr_prefix_index_worker_capacity(ix, 1), 500);
+    assert_int_equal(kvr_prefix_index_worker_capacity(ix, 1), 2);
     size_t ids[2] = {1, 2}, m[2];
     kvr_prefix_index_match(ix, new, 16, ids, 2, m);
     assert_int_equal(m[0], 16);

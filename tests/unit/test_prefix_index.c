@@ -683,8 +683,6 @@ static void smodel_correct(smodel *w, uint64_t threshold, size_t keep, size_t *d
         ++*dropped;
     }
     size_t floor = w->n > keep ? w->n : keep;
-    if (floor < w->cap / 2)
-        floor = w->cap / 2; /* one correction at most halves the cap */
     if (!floor)
         floor = 1;
     if (floor < w->cap)
@@ -871,16 +869,15 @@ static void test_correct_semantics(void **state)
     assert_int_equal(match1(ix, 1, p2, sizeof(p2)), 0);
     assert_int_equal(match1(ix, 1, p1, sizeof(p1)), sizeof(p1));
     assert_int_equal(match1(ix, 2, p2, sizeof(p2)), sizeof(p2));
-    /* Its cap is now what remains (P1's 10 blocks), never below the request's own blocks, but
-     * one correction at most halves it. */
-    assert_int_equal(kvr_prefix_index_worker_capacity(ix, 1), 50000);
+    /* Its cap is now what remains (P1's 10 blocks), never below the request's own blocks. */
+    assert_int_equal(kvr_prefix_index_worker_capacity(ix, 1), 10);
     kvr_prefix_index_stats st;
     kvr_prefix_index_stats_get(ix, &st);
     assert_int_equal(st.corrected, 10);
     assert_int_equal(st.evictions, 0);
     /* A report of more than predicted lifts the lowered cap, up to the uncorrected one. */
     kvr_prefix_index_raise_capacity(ix, 1, 15);
-    assert_int_equal(kvr_prefix_index_worker_capacity(ix, 1), 50015);
+    assert_int_equal(kvr_prefix_index_worker_capacity(ix, 1), 25);
     kvr_prefix_index_raise_capacity(ix, 1, 1u << 30);
     assert_int_equal(kvr_prefix_index_worker_capacity(ix, 1), 100000);
     kvr_prefix_index_raise_capacity(ix, 1, 5); /* no lowered cap: nothing */
@@ -905,7 +902,7 @@ static void test_correct_semantics(void **state)
     assert_int_equal(kvr_prefix_index_correct(ix, 1, &u, 3, 1), 18);
     assert_int_equal(match1(ix, 1, x, sizeof(x)), 128);
     assert_int_equal(match1(ix, 1, o, sizeof(o)), 0);
-    assert_int_equal(kvr_prefix_index_worker_capacity(ix, 1), 50000);
+    assert_int_equal(kvr_prefix_index_worker_capacity(ix, 1), 2);
     /* A block past the snapshot, an empty snapshot, an unknown worker: nothing applies. */
     assert_int_equal(kvr_prefix_index_correct(ix, 1, &u, 10, 1), -1);
     kvr_prefix_use none;
@@ -932,28 +929,18 @@ static void test_correct_semantics(void **state)
     kvr_prefix_index_insert(ix, 1, x, sizeof(x));
     assert_int_equal(snap(ix, 1, o, sizeof(o), &u), sizeof(o));
     assert_true(kvr_prefix_index_correct(ix, 1, &u, 0, 3) >= 10);
-    assert_int_equal(kvr_prefix_index_worker_capacity(ix, 1), 50000); /* halved */
+    assert_int_equal(kvr_prefix_index_worker_capacity(ix, 1), 10); /* x's blocks remain */
     kvr_prefix_index_set_worker_capacity(ix, 1, 500);
     assert_int_equal(kvr_prefix_index_worker_capacity(ix, 1), 500);
-    /* keep_blocks is a floor above half the cap, and a correction never raises a cap. */
+    /* keep_blocks is a floor, and a correction never raises a cap. */
     kvr_prefix_index_insert(ix, 1, o, sizeof(o));
     assert_int_equal(snap(ix, 1, o, sizeof(o), &u), sizeof(o));
     kvr_prefix_index_insert(ix, 1, o, sizeof(o));
-    assert_int_equal(kvr_prefix_index_correct(ix, 1, &u, 0, 300), 10); /* x's blocks */
-    assert_int_equal(kvr_prefix_index_worker_capacity(ix, 1), 300);
+    assert_int_equal(kvr_prefix_index_correct(ix, 1, &u, 0, 50), 10); /* x's blocks */
+    assert_int_equal(kvr_prefix_index_worker_capacity(ix, 1), 50);
     assert_int_equal(snap(ix, 1, o, sizeof(o), &u), sizeof(o));
     assert_int_equal(kvr_prefix_index_correct(ix, 1, &u, 0, 400), 10);
-    assert_int_equal(kvr_prefix_index_worker_capacity(ix, 1), 300);
-    /* Evictions reported again bring the cap down step by step. */
-    size_t caps[] = {150, 75, 37}; /* each step halves: x and o still fit */
-    for (size_t i = 0; i < sizeof(caps) / sizeof(caps[0]); i++) {
-        kvr_prefix_index_insert(ix, 1, x, sizeof(x));
-        kvr_prefix_index_insert(ix, 1, o, sizeof(o));
-        assert_int_equal(snap(ix, 1, x, sizeof(x), &u), sizeof(x));
-        kvr_prefix_index_insert(ix, 1, o, sizeof(o));
-        assert_int_equal(kvr_prefix_index_correct(ix, 1, &u, 0, 1), 10); /* x's blocks */
-        assert_int_equal(kvr_prefix_index_worker_capacity(ix, 1), caps[i]);
-    }
+    assert_int_equal(kvr_prefix_index_worker_capacity(ix, 1), 50);
     kvr_prefix_index_destroy(ix);
 }
 
