@@ -1098,13 +1098,21 @@ static inline int slot_holds(const kvr_prefix_index *ix, uint32_t id, uint64_t f
     return kw && KW_FP(kw) == fp && KW_W(kw) == wi;
 }
 
-/* Whether worker slot `wi` holds chain block `block`: one load when its last insert's hint
- * still names the holding (the worker's own conversation, the usual case), else a lookup. */
+/* Worker slot `wi`'s holding of chain block `block` (fingerprint `fp`) when its last insert's
+ * hint still names it (the worker's own conversation, the usual case), else NIL. */
+static inline uint32_t hinted(const kvr_prefix_index *ix, uint32_t wi, size_t block,
+                              uint64_t fp)
+{
+    const wrec *w = &ix->w[wi];
+    return block < w->touch_n && slot_holds(ix, w->touch[block], fp, wi) ? w->touch[block]
+                                                                         : NIL;
+}
+
+/* Whether worker slot `wi` holds chain block `block`: one load when hinted, else a lookup. */
 static int holds(const kvr_prefix_index *ix, uint32_t wi, size_t block)
 {
     uint64_t fp = fp_of(ix->chain[block]);
-    const wrec *w = &ix->w[wi];
-    if (block < w->touch_n && slot_holds(ix, w->touch[block], fp, wi))
+    if (hinted(ix, wi, block, fp) != NIL)
         return 1;
     kfind f;
     key_find(ix, fp, wi, &f);
@@ -1419,11 +1427,11 @@ static int insert_chain(kvr_prefix_index *ix, uint32_t wi, size_t m, size_t cap,
      * only gives them this call's stamp, and that is deferred (w_settle writes it before
      * anything else reads or moves them). Keys are chained: block m-1's names blocks 0..m-1. */
     if (wr->ordered && wr->mod == wr->touch_mod && m && m == wr->touch_n &&
-        slot_holds(ix, wr->touch[m - 1], fp_of(ix->chain[m - 1]), wi)) {
-        if (new_only)
-            return 0;
-        wr->run_pending = 1;
-        wr->run_stamp = ix->clock;
+        hinted(ix, wi, m - 1, fp_of(ix->chain[m - 1])) != NIL) {
+        if (!new_only) { /* insert_new refreshes nothing the worker holds */
+            wr->run_pending = 1;
+            wr->run_stamp = ix->clock;
+        }
         return 0;
     }
     /* The usual insert repeats a text the worker mostly holds (the next turn of its
@@ -1693,8 +1701,8 @@ static int stamp_at(const kvr_prefix_index *ix, uint32_t wi, size_t block, uint3
 {
     const wrec *w = &ix->w[wi];
     uint64_t fp = fp_of(ix->chain[block]);
-    if (block < w->touch_n && slot_holds(ix, w->touch[block], fp, wi)) {
-        uint32_t id = w->touch[block];
+    uint32_t id = hinted(ix, wi, block, fp);
+    if (id != NIL) {
         *out = w->run_pending ? w->run_stamp : ix->sh[id >> LOCAL_BITS].st[id & LOCAL_MASK];
         return 1;
     }

@@ -335,7 +335,8 @@ static int memo_add(kvr_text_cache *c, XXH128_hash_t key, const char *text, size
 typedef struct ctx {
     kvr_text_writer w;
     const char *buf;
-    uint64_t id;      /* the text's id so far (id_fold), when asked */
+    uint64_t id;      /* the text's id so far (id_fold) */
+    int want_id;      /* the id is asked for (and the cache has the messages' hashes) */
 } ctx;
 
 /* Folds one input of the text (a 128-bit digest of the bytes it comes from) into the text's
@@ -556,7 +557,8 @@ static void put_message_memo(ctx *c, const kvr_json_span *msg, const kvr_json_el
     kvr_json_iter in = {0};
     if (!cache || !cache->bucket || msg->kind != KVR_JSON_OBJECT ||
         msg->len < cache->min_raw) {
-        id_fold_bytes(c, c->buf + msg->off, msg->len);
+        if (c->want_id)
+            id_fold_bytes(c, c->buf + msg->off, msg->len);
         kvr_json_iter_init(&in, c->buf, msg);
         put_message(c, msg, &in);
         return;
@@ -650,12 +652,6 @@ static void put_tools(ctx *c, const kvr_json_span *tools, const kvr_json_span *f
     if ((tools->kind != KVR_JSON_ARRAY || tools->len == 2) &&
         (fns->kind != KVR_JSON_ARRAY || fns->len == 2))
         return; /* "[]": no tool (the scanner's spans of arrays end at their bracket) */
-    if (!cache) {
-        id_fold_bytes(c, tools->kind == KVR_JSON_ARRAY ? c->buf + tools->off : "", 
-                      tools->kind == KVR_JSON_ARRAY ? tools->len : 0);
-        id_fold_bytes(c, fns->kind == KVR_JSON_ARRAY ? c->buf + fns->off : "",
-                      fns->kind == KVR_JSON_ARRAY ? fns->len : 0);
-    }
     XXH128_hash_t key = {0, 0};
     if (cache) {
         /* The two spans with their kinds and lengths, so no two pairs hash alike by how
@@ -731,7 +727,8 @@ int kvr_route_text_scan_id(const char *buf, const kvr_json_span *tools,
                            const kvr_json_elem *msgs, size_t nmsgs, kvr_text_cache *cache,
                            kvr_buf *out, uint64_t *id)
 {
-    ctx c = {.w = {.b = out}, .buf = buf, .id = 0x6b76726f75746531ull};
+    ctx c = {.w = {.b = out}, .buf = buf, .id = 0x6b76726f75746531ull,
+             .want_id = id && cache && cache->bucket};
     if (id)
         *id = 0;
     /* The text is about as long as the messages as written: one allocation up front rather
@@ -763,7 +760,7 @@ int kvr_route_text_scan_id(const char *buf, const kvr_json_span *tools,
             put_message_memo(&c, &m, NULL, cache);
         /* Every message and the tools section went into the id (a cut text stops early, at
          * the same point for the same body and cap). An id of 0 means none. */
-        if (id && !c.w.oom) {
+        if (c.want_id && !c.w.oom) {
             id_fold(&c, messages->count, out->len);
             *id = c.id ? c.id : 1;
         }
