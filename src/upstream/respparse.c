@@ -252,24 +252,36 @@ static int longer_than_special(const char *a, size_t n)
            longer_than(a, n, "upgrade");
 }
 
-/* Connection's tokens: *close when one is "close"; 0 (not for the fast path) on "upgrade". */
+/* Connection's tokens, read only in the shape http_parser 2.9.4 (h_matching_connection_*)
+ * reads the same way: elements of 1*tchar, each after optional SP/HTAB and before optional SP,
+ * none empty. Outside it http_parser's reading is its own: a first element may start with any
+ * byte, an empty or non-token element stops all matching (",,close" is not close), a tab after
+ * "close" unmakes it. v is the value without its leading whitespace but with its trailing one.
+ * Returns 1 with *close set when one token is "close"; 0 (leave the head to http_parser) for
+ * any other shape, and on "upgrade" or a token that only starts like one it matches. */
 static int connection_ok(const char *v, size_t n, int *close)
 {
     const char *end = v + n;
     while (v < end) {
-        const char *c = memchr(v, ',', (size_t)(end - v));
-        const char *e = c ? c : end, *a = v, *b = e;
-        while (a < b && is_ows(*a))
-            a++;
-        while (b > a && is_ows(b[-1]))
-            b--;
-        size_t tl = (size_t)(b - a);
+        while (v < end && is_ows(*v))
+            v++;
+        const char *a = v;
+        while (v < end && *v != ',' && !is_ows(*v))
+            v++;
+        size_t tl = (size_t)(v - a);
+        if (!tl || !kvr_http_is_token(a, tl))
+            return 0;
+        while (v < end && *v == ' ')
+            v++;
+        if (v < end && *v != ',')
+            return 0;
         if (ieq(a, tl, "close"))
             *close = 1;
         else if (ieq(a, tl, "upgrade") || longer_than(a, tl, "close") ||
                  longer_than(a, tl, "keep-alive") || longer_than(a, tl, "upgrade"))
             return 0;
-        v = c ? c + 1 : end;
+        if (v < end && ++v == end)
+            return 0; /* a trailing comma: an empty last element */
     }
     return 1;
 }
@@ -335,7 +347,8 @@ static size_t fast_head(kvr_resp *r, const char *data, size_t len)
         } else if (ieq(p, nl2, "transfer-encoding") || ieq(p, nl2, "proxy-connection") ||
                    ieq(p, nl2, "upgrade")) {
             goto slow;
-        } else if (ieq(p, nl2, "connection") && !connection_ok(v, vl, &close)) {
+        } else if (ieq(p, nl2, "connection") &&
+                   !connection_ok(v, (size_t)(le - 1 - v), &close)) {
             goto slow;
         }
         if (grow(r) < 0)
