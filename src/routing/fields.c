@@ -47,6 +47,8 @@ static struct {
     size_t nseg;
     unsigned char from[KVR_SESSION_SOURCES_MAX]; /* the source each segment comes from */
     unsigned char len[KVR_SESSION_SOURCES_MAX];  /* its first segment's length */
+    signed char name[KVR_SESSION_SOURCES_MAX];   /* each source's first segment in names[]
+                                                    (-1: a header) */
 } g_plan;
 
 static int same_sources(const kvr_session_sources *a, const kvr_session_sources *b)
@@ -65,12 +67,17 @@ static void plan(kvr_body_fields *f, const kvr_session_sources *src)
     g_plan.nseg = 0;
     for (size_t i = 0; i < src->n && i < KVR_SESSION_SOURCES_MAX; i++) {
         const kvr_session_source *s = &src->src[i];
+        g_plan.name[i] = -1;
         if (s->header)
             continue;
         const char *dot = strchr(s->name, '.');
         size_t n = dot ? (size_t)(dot - s->name) : strlen(s->name);
-        if (name_index(f, s->name, n) >= 0 || g_plan.nseg == KVR_SESSION_SOURCES_MAX)
+        long j = name_index(f, s->name, n);
+        if (j >= 0 || g_plan.nseg == KVR_SESSION_SOURCES_MAX) {
+            g_plan.name[i] = (signed char)j;
             continue;
+        }
+        g_plan.name[i] = (signed char)f->n;
         size_t k = g_plan.nseg++;
         g_plan.from[k] = (unsigned char)i;
         g_plan.len[k] = (unsigned char)n;
@@ -109,6 +116,8 @@ int kvr_body_fields_scan_known(kvr_body_fields *f, const char *buf, size_t len,
         f->seg[k][g_plan.len[k]] = '\0';
         f->names[f->n++] = f->seg[k];
     }
+    f->src = src == &def ? NULL : src;
+    memcpy(f->src_name, g_plan.name, sizeof(f->src_name));
     int top = kvr_json_scan_known(buf, len, f->names, f->n, f->v, KVR_FIELD_MESSAGES, f->msgs,
                                   KVR_BODY_MESSAGES_MAX, known);
     f->object = top == KVR_JSON_OBJECT;
@@ -152,12 +161,13 @@ long long kvr_body_integer(const kvr_body_fields *f, kvr_field which)
 }
 
 /* The value at a dotted body path, or a span of kind KVR_JSON_ABSENT. */
-static kvr_json_span body_path(const kvr_body_fields *f, const char *path)
+static kvr_json_span body_path(const kvr_body_fields *f, const char *path, long i)
 {
     kvr_json_span v = {0};
     const char *dot = strchr(path, '.');
     size_t n = dot ? (size_t)(dot - path) : strlen(path);
-    long i = f ? name_index(f, path, n) : -1;
+    if (i < 0 && f)
+        i = name_index(f, path, n);
     if (i < 0)
         return v;
     v = f->v[i];
@@ -206,7 +216,7 @@ int kvr_body_session_key(const kvr_body_fields *f, kvr_header_get_fn get, void *
                 continue;
             return kvr_session_key_append(out, v, n) < 0 ? -1 : 1;
         }
-        kvr_json_span v = body_path(f, s->name);
+        kvr_json_span v = body_path(f, s->name, f && src == f->src ? f->src_name[i] : -1);
         if (v.kind == KVR_JSON_ABSENT || v.kind == KVR_JSON_NULL)
             continue;
         if (v.kind != KVR_JSON_STRING)

@@ -58,6 +58,11 @@ typedef struct kvr_body_fields {
     char seg[KVR_SESSION_SOURCES_MAX][KVR_SESSION_SOURCE_NAME_MAX + 1]; /**< storage of the
                                                       session paths' first segments */
     kvr_json_span v[KVR_BODY_NAMES_MAX]; /**< the value of each top-level member named */
+    /** The source list of the scan (borrowed; compared by address only) and, for each of its
+     *  body paths, the index in `names` of its first segment (-1 for a header): the session
+     *  key of the same list then looks no name up again. */
+    const kvr_session_sources *src;
+    signed char src_name[KVR_SESSION_SOURCES_MAX];
     /** Where the first KVR_BODY_MESSAGES_MAX elements of `messages` lie, when it is an array
      *  (valid: the first min(KVR_BODY_MESSAGES_MAX, v[KVR_FIELD_MESSAGES].count)). */
     kvr_json_elem msgs[KVR_BODY_MESSAGES_MAX];

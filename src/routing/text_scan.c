@@ -62,6 +62,7 @@ struct kvr_text_cache {
     memo_ent *head, *tail;
     size_t bytes, max_bytes, min_raw;
     uint64_t seed, mhits, mmisses;
+    unsigned char secret[XXH3_SECRET_DEFAULT_SIZE]; /* XXH3's for `seed` (key_of) */
     uint64_t evictions;    /* messages' texts dropped so far: a scan's hit is still there
                               when its text is built if none was dropped meanwhile */
 };
@@ -96,7 +97,14 @@ kvr_text_cache *kvr_text_cache_new(size_t memo_bytes, size_t memo_min)
      * that easier, never wrong. */
     if (getrandom(&c->seed, sizeof(c->seed), GRND_NONBLOCK) != (ssize_t)sizeof(c->seed))
         c->seed = (uint64_t)(uintptr_t)c ^ 0x9e3779b97f4a7c15ull;
+    XXH3_generateSecret_fromSeed(c->secret, c->seed);
     return c;
+}
+
+/* A message's key: the seeded hash of its raw bytes. */
+static XXH128_hash_t key_of(const kvr_text_cache *c, const char *p, size_t n)
+{
+    return kvr_xxh3_128_seed_secret(p, n, c->seed, c->secret);
 }
 
 void kvr_text_cache_free(kvr_text_cache *c)
@@ -242,7 +250,7 @@ static size_t memo_guess(void *ctx, const char *p, size_t avail)
 static int memo_known(void *ctx, const char *p, size_t n, kvr_json_elem *el)
 {
     kvr_text_cache *c = ctx;
-    XXH128_hash_t key = XXH3_128bits_withSeed(p, n, c->seed);
+    XXH128_hash_t key = key_of(c, p, n);
     memo_ent *e = memo_peek(c, key);
     /* A guessed length that misses may be wrong: only a hit or a located element (asked
      * without a guess, or after a wrong one) is where the next one starts. */
@@ -574,7 +582,7 @@ static void put_message_memo(ctx *c, const kvr_json_span *msg, const kvr_json_el
             key.low64 = el->key[0];
             key.high64 = el->key[1];
         } else {
-            key = XXH3_128bits_withSeed(c->buf + msg->off, msg->len, cache->seed);
+            key = key_of(cache, c->buf + msg->off, msg->len);
         }
         e = memo_find(cache, key);
     }

@@ -64,6 +64,22 @@ KVR_XXH_WRAP(XXH128_hash_t, kvr_xxh3_128_seed, XXH3_128bits_withSeed,
 KVR_XXH_WRAP(XXH_errorcode, kvr_xxh3_128_update, XXH3_128bits_update,
              (XXH3_state_t * st, const void *p, size_t n), (st, p, n))
 
+#ifdef XXH3_SECRET_DEFAULT_SIZE /* XXH_STATIC_LINKING_ONLY */
+/* XXH3_128bits_withSeed() of n bytes, the long ones through the dispatch with `secret`, which
+ * XXH3_generateSecret_fromSeed(seed) made once: for inputs above 240 bytes withSeed derives
+ * that very secret again on every call (~280 instructions, ~23 times per resent tau-bench
+ * request); xxhash.h (XXH3_128bits_withSecretandSeed) documents that the result is the same. */
+static inline XXH128_hash_t kvr_xxh3_128_seed_secret(const void *p, size_t n, XXH64_hash_t seed,
+                                                     const void *secret)
+{
+    if (n <= KVR_XXH_LONG)
+        return XXH3_128bits_withSeed(p, n, seed);
+    XXH128_hash_t h = XXH3_128bits_withSecret_dispatch(p, n, secret, XXH3_SECRET_DEFAULT_SIZE);
+    kvr_xxh_clean();
+    return h;
+}
+#endif
+
 #define XXH3_64bits kvr_xxh3_64
 #define XXH3_64bits_withSeed kvr_xxh3_64_seed
 #define XXH3_128bits kvr_xxh3_128
@@ -82,5 +98,13 @@ static inline uint64_t kvr_mix64(uint64_t h)
     h *= 0x94d049bb133111ebull;
     return h ^ (h >> 32);
 }
+
+#if !(defined(__x86_64__) && defined(__GNUC__)) && defined(XXH3_SECRET_DEFAULT_SIZE)
+static inline XXH128_hash_t kvr_xxh3_128_seed_secret(const void *p, size_t n, XXH64_hash_t seed,
+                                                     const void *secret)
+{
+    return XXH3_128bits_withSecretandSeed(p, n, secret, XXH3_SECRET_DEFAULT_SIZE, seed);
+}
+#endif
 
 #endif

@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 /* The baseline entry points, taken before util/xxh.h renames them. */
+#define XXH_STATIC_LINKING_ONLY /* XXH3_generateSecret_fromSeed() */
 #include <xxhash.h>
 static XXH64_hash_t (*const base64)(const void *, size_t) = XXH3_64bits;
 static XXH64_hash_t (*const base64s)(const void *, size_t, XXH64_hash_t) = XXH3_64bits_withSeed;
@@ -54,6 +55,11 @@ static void test_one_shot_hashes_equal_the_baseline(void **state)
         assert_true(XXH3_64bits_withSeed(p, n, seed) == base64s(p, n, seed));
         assert_true(XXH128_isEqual(XXH3_128bits(p, n), base128(p, n)));
         assert_true(XXH128_isEqual(XXH3_128bits_withSeed(p, n, seed), base128s(p, n, seed)));
+        /* the memo's keys: withSeed's result from a secret made once */
+        unsigned char secret[XXH3_SECRET_DEFAULT_SIZE];
+        XXH3_generateSecret_fromSeed(secret, seed);
+        assert_true(XXH128_isEqual(kvr_xxh3_128_seed_secret(p, n, seed, secret),
+                                   base128s(p, n, seed)));
     }
     free(b);
 }
