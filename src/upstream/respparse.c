@@ -262,7 +262,9 @@ static int longer_than_special(const char *a, size_t n)
 static int connection_ok(const char *v, size_t n, int *close)
 {
     const char *end = v + n;
-    while (v < end) {
+    if (!n)
+        return 1; /* an empty value names nothing */
+    for (;;) { /* one element, then its comma */
         while (v < end && is_ows(*v))
             v++;
         const char *a = v;
@@ -273,17 +275,16 @@ static int connection_ok(const char *v, size_t n, int *close)
             return 0;
         while (v < end && *v == ' ')
             v++;
-        if (v < end && *v != ',')
-            return 0;
         if (ieq(a, tl, "close"))
             *close = 1;
         else if (ieq(a, tl, "upgrade") || longer_than(a, tl, "close") ||
                  longer_than(a, tl, "keep-alive") || longer_than(a, tl, "upgrade"))
             return 0;
-        if (v < end && ++v == end)
-            return 0; /* a trailing comma: an empty last element */
+        if (v == end)
+            return 1;
+        if (*v++ != ',')
+            return 0;
     }
-    return 1;
 }
 
 /* Reads a whole head at data (the response's first bytes) when it is the usual kind (see the
